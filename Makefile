@@ -1,0 +1,51 @@
+# forkpoint — every target installs what it needs and is safe to re-run.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FP := $(VENV)/bin/forkpoint
+APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium passt \
+	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core
+DEMO_OUT ?= demo-out
+PYTEST_ARGS ?=
+
+.PHONY: setup apt venv image test demo lint bench clean
+
+setup: apt venv image
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+image: apt venv
+	$(FP) image build
+
+test: setup
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+demo: setup
+	$(FP) demo --out $(DEMO_OUT)
+
+bench: setup
+	$(FP) bench --out bench-out
+
+lint: venv
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy --strict src
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) bench-out

@@ -1,0 +1,27 @@
+"""The ``forkpoint`` command: one typer app; each area registers its commands."""
+
+from __future__ import annotations
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="forkpoint",
+    help="MicroVM sessions you can checkpoint, fork and roll back in milliseconds.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_all() -> None:
+    # Imported here so each area's module stays independent of the others.
+    from forkpoint.cli import images
+
+    images.register(app)
+
+
+def main() -> None:
+    _register_all()
+    app()

@@ -1,0 +1,62 @@
+"""How every CLI command reports: rich text for people, ``--json`` for programs.
+
+Errors are one line on stderr (``{"error": {...}}`` on stdout with ``--json``) and map to
+the documented exit codes: 0 ok, 1 guest command failed, 2 bad input, 3 not found,
+4 conflict/state, 5 internal/QEMU failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from forkpoint.errors import ForkpointError
+
+__all__ = ["JSON_OPTION", "console", "emit_json", "err_console", "fail", "reports_errors"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+console = Console()
+err_console = Console(stderr=True)
+
+JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON.")
+
+
+def emit_json(value: Any) -> None:
+    """Print ``value`` as JSON on stdout (one document)."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(error: ForkpointError, as_json: bool) -> typer.Exit:
+    """Report ``error`` the documented way and return the Exit to raise."""
+    if as_json:
+        emit_json({"error": error.to_dict()})
+    err_console.print(f"[bold red]error:[/] {error.message}", markup=True, highlight=False)
+    if error.log_tail and not as_json:
+        err_console.print(error.log_tail, markup=False, highlight=False, style="dim")
+    return typer.Exit(error.exit_code)
+
+
+def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn ForkpointError (and Ctrl-C) into one clear line and the right exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        as_json = bool(kwargs.get("as_json", False))
+        try:
+            return func(*args, **kwargs)
+        except ForkpointError as error:
+            raise fail(error, as_json) from None
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
