@@ -17,11 +17,16 @@ app = typer.Typer(
 
 def _register_all() -> None:
     # Imported here so each area's module stays independent of the others.
-    from forkpoint.cli import images
+    from forkpoint.cli import browser, images
 
     images.register(app)
+    browser.register(app)
 
 
 def main() -> None:
     _register_all()
     app()
+
+
+if __name__ == "__main__":
+    main()

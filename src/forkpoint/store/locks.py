@@ -1,0 +1,162 @@
+"""Inter-process locks: ``flock`` on files under ``<home.root>/locks/``.
+
+Several forkpoint processes (CLIs, a server) share one home. A session lock serializes
+everything that changes one session (checkpoint, rollback, rm, port forwards); a global
+lock covers the rare home-wide operations (e.g. ``global_lock(home, "ports")`` while
+choosing host ports).
+
+Locks are exclusive, not reentrant (a second acquire in the same process waits like any
+other), and released when the ``with`` block exits or the process dies. The lock fds are
+close-on-exec, so a QEMU started while a lock is held does not inherit it. Lock files are
+never deleted: unlinking a lock file races with a process that has just opened it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
+from pathlib import Path
+
+from forkpoint.config import Home
+from forkpoint.errors import Conflict, InvalidInput
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT_S",
+    "global_lock",
+    "global_lock_async",
+    "session_lock",
+    "session_lock_async",
+]
+
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+_POLL_MIN_S = 0.002
+_POLL_MAX_S = 0.05
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _lock_path(home: Home, key: str) -> Path:
+    if not _KEY_RE.match(key):  # keys become file names: keep them inside locks/
+        raise InvalidInput(f"invalid lock name: {key!r}")
+    directory = home.root / "locks"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{key}.lock"
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _release(fd: int) -> None:
+    # Unlock explicitly: a forked child sharing this open file would otherwise keep it.
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _hold(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
+    fd = _open(path)
+    locked = False
+    try:
+        deadline = time.monotonic() + timeout_s
+        delay = _POLL_MIN_S
+        while not (locked := _try_lock(fd)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Conflict(busy)
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, _POLL_MAX_S)
+        yield
+    finally:
+        if locked:
+            _release(fd)
+        else:
+            os.close(fd)
+
+
+@asynccontextmanager
+async def _hold_async(path: Path, timeout_s: float, busy: str) -> AsyncIterator[None]:
+    fd = _open(path)
+    locked = False
+    try:
+        deadline = time.monotonic() + timeout_s
+        delay = _POLL_MIN_S
+        while not (locked := _try_lock(fd)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Conflict(busy)
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, _POLL_MAX_S)
+        yield
+    finally:
+        if locked:
+            _release(fd)
+        else:
+            os.close(fd)
+
+
+def _session_busy(session_id: str) -> str:
+    return f"session {session_id} is busy (another forkpoint process holds it)"
+
+
+def _global_busy(name: str) -> str:
+    return f"forkpoint lock {name!r} is busy (another forkpoint process holds it)"
+
+
+def session_lock(
+    home: Home, session_id: str, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> AbstractContextManager[None]:
+    """Hold the exclusive lock of one session (``with session_lock(home, sid): ...``).
+
+    Waits up to ``timeout_s`` seconds.
+
+    Raises:
+        Conflict: another holder kept it for ``timeout_s`` seconds.
+        InvalidInput: ``session_id`` is not a plain name.
+    """
+    return _hold(_lock_path(home, session_id), timeout_s, _session_busy(session_id))
+
+
+def session_lock_async(
+    home: Home, session_id: str, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> AbstractAsyncContextManager[None]:
+    """``async with`` twin of :func:`session_lock` (polls, never blocks the event loop)."""
+    return _hold_async(_lock_path(home, session_id), timeout_s, _session_busy(session_id))
+
+
+def global_lock(
+    home: Home, name: str, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> AbstractContextManager[None]:
+    """Hold a home-wide lock named ``name`` (e.g. ``"ports"``, ``"gc"``).
+
+    Raises:
+        Conflict: another holder kept it for ``timeout_s`` seconds.
+        InvalidInput: ``name`` is not a plain name.
+    """
+    return _hold(_lock_path(home, "global-" + name), timeout_s, _global_busy(name))
+
+
+def global_lock_async(
+    home: Home, name: str, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> AbstractAsyncContextManager[None]:
+    """``async with`` twin of :func:`global_lock`."""
+    return _hold_async(_lock_path(home, "global-" + name), timeout_s, _global_busy(name))

@@ -1,0 +1,158 @@
+"""Schema of the metadata database and its migrations.
+
+The schema version is SQLite's ``PRAGMA user_version``. ``MIGRATIONS[i]`` upgrades a
+database from version ``i`` to ``i + 1``; ``SCHEMA_VERSION == len(MIGRATIONS)``. Append
+new migrations, never edit a released one. A database newer than this code is refused.
+
+Migrations run inside one ``BEGIN IMMEDIATE`` transaction with foreign keys off (the
+procedure SQLite documents for table rebuilds), then ``PRAGMA foreign_key_check`` must
+come back empty before the commit. They must not use ``executescript`` (it commits).
+
+Deliberately not foreign keys: ``checkpoints.session_id`` (a checkpoint outlives its
+session and may belong to a session that was never stored, e.g. an image build).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+
+from forkpoint.errors import Conflict, InternalError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "schema_version"]
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def _run(conn: sqlite3.Connection, *statements: str) -> None:
+    for statement in statements:
+        conn.execute(statement)
+
+
+def _v1_core(conn: sqlite3.Connection) -> None:
+    """Layers, checkpoints, sessions and their port forwards."""
+    _run(
+        conn,
+        """CREATE TABLE layers (
+            name       TEXT PRIMARY KEY,
+            backing    TEXT REFERENCES layers(name),
+            created_at TEXT NOT NULL
+        )""",
+        "CREATE INDEX layers_backing ON layers(backing)",
+        """CREATE TABLE checkpoints (
+            id                TEXT PRIMARY KEY,
+            session_id        TEXT NOT NULL,
+            name              TEXT UNIQUE,
+            kind              TEXT NOT NULL CHECK (kind IN ('user', 'template')),
+            created_at        TEXT NOT NULL,
+            disk_layer        TEXT NOT NULL REFERENCES layers(name),
+            parent_checkpoint TEXT REFERENCES checkpoints(id),
+            image             TEXT NOT NULL,
+            image_hash        TEXT NOT NULL,
+            manifest          TEXT NOT NULL DEFAULT '{}',
+            size_bytes        INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX checkpoints_session ON checkpoints(session_id)",
+        "CREATE INDEX checkpoints_parent ON checkpoints(parent_checkpoint)",
+        "CREATE INDEX checkpoints_layer ON checkpoints(disk_layer)",
+        """CREATE TABLE sessions (
+            id                TEXT PRIMARY KEY,
+            name              TEXT UNIQUE,
+            image             TEXT NOT NULL,
+            image_hash        TEXT NOT NULL,
+            state             TEXT NOT NULL
+                              CHECK (state IN ('creating', 'running', 'stopped', 'crashed')),
+            created_at        TEXT NOT NULL,
+            parent_checkpoint TEXT REFERENCES checkpoints(id),
+            memory_mib        INTEGER NOT NULL CHECK (memory_mib > 0),
+            cpus              INTEGER NOT NULL CHECK (cpus > 0),
+            network           TEXT NOT NULL CHECK (network IN ('user', 'none')),
+            disk_layer        TEXT NOT NULL REFERENCES layers(name),
+            generation        INTEGER NOT NULL DEFAULT 0,
+            qemu_pid          INTEGER,
+            aux_pids          TEXT NOT NULL DEFAULT '[]'
+        )""",
+        "CREATE INDEX sessions_parent ON sessions(parent_checkpoint)",
+        "CREATE INDEX sessions_layer ON sessions(disk_layer)",
+        # host_port is UNIQUE across all sessions: two sessions can never share one.
+        """CREATE TABLE ports (
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            guest_port INTEGER NOT NULL CHECK (guest_port BETWEEN 1 AND 65535),
+            host_port  INTEGER NOT NULL UNIQUE CHECK (host_port BETWEEN 1 AND 65535),
+            PRIMARY KEY (session_id, guest_port)
+        )""",
+    )
+
+
+def _v2_templates(conn: sqlite3.Connection) -> None:
+    """Template checkpoints per (image, machine shape); forgotten with their checkpoint."""
+    _run(
+        conn,
+        """CREATE TABLE templates (
+            image_hash    TEXT NOT NULL,
+            machine_key   TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL REFERENCES checkpoints(id) ON DELETE CASCADE,
+            created_at    TEXT NOT NULL,
+            PRIMARY KEY (image_hash, machine_key)
+        )""",
+        "CREATE INDEX templates_checkpoint ON templates(checkpoint_id)",
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_core, _v2_templates)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The database's schema version (0 for a brand-new file)."""
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _refuse_newer(current: int, target: int, where: str) -> None:
+    if current > target:
+        raise Conflict(
+            f"metadata database {where} has schema version {current}, but this forkpoint "
+            f"only knows up to version {target}: upgrade forkpoint (or use another "
+            "FORKPOINT_HOME)"
+        )
+
+
+def migrate(
+    conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS, *, where: str = ""
+) -> int:
+    """Bring the database up to ``len(migrations)``; return the version before.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``) and not in a
+    transaction. Safe to call from several processes at once: the version is read again
+    under the write lock, so each migration runs exactly once.
+
+    Raises:
+        Conflict: the database is newer than ``migrations`` knows.
+        InternalError: a migration left foreign keys inconsistent (nothing committed).
+    """
+    target = len(migrations)
+    current = schema_version(conn)
+    _refuse_newer(current, target, where)
+    if current == target:
+        return current  # the common case: no write lock taken
+    conn.execute("PRAGMA foreign_keys = OFF")  # a no-op inside a transaction, so set it first
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = schema_version(conn)  # another process may have migrated meanwhile
+            _refuse_newer(current, target, where)
+            for version in range(current, target):
+                migrations[version](conn)
+            broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise InternalError(
+                    f"schema migration {current}->{target} broke foreign keys: {broken[:3]}"
+                )
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
+    return current

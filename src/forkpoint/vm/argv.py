@@ -1,0 +1,72 @@
+"""QEMU's command line for a forkpoint microVM.
+
+Device order is part of the saved state: a restore must use the exact same layout, so
+every VM — booted or restored — gets its argv from this one function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkpoint.vm.build import QemuBuild
+from forkpoint.vm.files import VmFiles
+from forkpoint.vm.shape import BootFiles, MachineShape
+
+__all__ = ["RamFile", "build_argv", "guest_cmdline"]
+
+
+@dataclass(frozen=True)
+class RamFile:
+    """Guest RAM backing: ``shared`` maps it MAP_SHARED (writes land in the file)."""
+
+    path: Path
+    shared: bool
+
+
+def guest_cmdline(accel: str, tsc_khz: int | None) -> str:
+    """Kernel command line. Under TCG the TSC must be given, or calibration can hang."""
+    parts = ["console=ttyS0", "panic=-1", "quiet", "loglevel=4"]
+    if accel == "tcg" and tsc_khz:
+        parts += [f"tsc_early_khz={tsc_khz}", "tsc=reliable"]
+    return " ".join(parts)
+
+
+def build_argv(
+    build: QemuBuild,
+    shape: MachineShape,
+    boot: BootFiles,
+    files: VmFiles,
+    disk: Path,
+    ram: RamFile,
+    incoming: bool = False,
+) -> list[str]:
+    """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``)."""
+    mem = f"{shape.memory_mib}M"
+    argv = [
+        str(build.binary),
+        "-name", files.name,
+        "-M", f"microvm,accel={shape.accel},memory-backend=mem,pit=on,pic=on,rtc=on",
+        "-m", mem,
+        "-smp", str(shape.cpus),
+        "-nodefaults", "-no-user-config", "-display", "none",
+        "-object",
+        f"memory-backend-file,id=mem,size={mem},mem-path={ram.path},"
+        f"share={'on' if ram.shared else 'off'}",
+        "-kernel", str(boot.kernel), "-initrd", str(boot.initrd), "-append", boot.cmdline,
+        "-drive", f"id=d0,file={disk},format=qcow2,if=none",
+        "-device", "virtio-blk-device,drive=d0",
+        "-netdev", f"stream,id=n0,server=on,addr.type=unix,addr.path={files.net_socket}",
+        "-device", "virtio-net-device,netdev=n0",
+        "-device", "virtio-serial-device",
+        "-chardev", f"socket,id=ag,path={files.agent_socket},server=on,wait=off",
+        "-device", "virtserialport,chardev=ag,name=agent",
+        "-chardev", f"file,id=ser0,path={files.serial_log},append=on",
+        "-serial", "chardev:ser0",
+        "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
+        "-pidfile", str(files.pidfile),
+        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+    ]  # fmt: skip
+    if incoming:
+        argv += ["-incoming", "defer"]
+    return argv

@@ -1,0 +1,73 @@
+"""The files of one VM: sockets, logs, pidfile, RAM file."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["VmFiles"]
+
+# sun_path holds 108 bytes; leave room for the longest socket name below.
+_MAX_SOCKET_DIR = 90
+
+
+@dataclass(frozen=True)
+class VmFiles:
+    """Paths for one VM. ``dir`` holds logs and RAM; sockets go to a short directory."""
+
+    dir: Path
+    name: str  # unique, also written into QEMU's argv to recognise the process
+
+    @property
+    def sock_dir(self) -> Path:
+        preferred = self.dir / "run"
+        if len(str(preferred)) <= _MAX_SOCKET_DIR:
+            return preferred
+        digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"forkpoint-{digest}"
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.sock_dir / "qmp.sock"
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.sock_dir / "agent.sock"
+
+    @property
+    def net_socket(self) -> Path:
+        return self.sock_dir / "net.sock"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.dir / "qemu.log"
+
+    @property
+    def serial_log(self) -> Path:
+        return self.dir / "serial.log"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.dir / "qemu.pid"
+
+    def ram(self, generation: int) -> Path:
+        return self.dir / f"ram-{generation}"
+
+    def ensure(self) -> VmFiles:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of QEMU's log and the serial console, for error reports."""
+        parts = []
+        for label, path in (("qemu.log", self.qemu_log), ("serial console", self.serial_log)):
+            try:
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            if text:
+                parts.append(f"--- {label} ({path}) ---\n" + "\n".join(text))
+        return "\n".join(parts)

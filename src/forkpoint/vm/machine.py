@@ -1,0 +1,216 @@
+"""One running microVM: start (cold or from a checkpoint), checkpoint, kill, re-adopt.
+
+Knows QEMU and files, nothing of sessions or the store. Every method that waits takes or
+implies a deadline and raises :class:`~forkpoint.errors.QemuError` with QEMU's own
+message and the tail of its log when QEMU fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkpoint.errors import QemuError
+from forkpoint.vm.argv import RamFile, build_argv
+from forkpoint.vm.build import QemuBuild
+from forkpoint.vm.files import VmFiles
+from forkpoint.vm.process import is_running, kill_and_wait, spawn_detached
+from forkpoint.vm.qmp import Qmp
+from forkpoint.vm.ramfile import sparse_copy
+from forkpoint.vm.shape import BootFiles, MachineShape
+
+__all__ = ["CheckpointStats", "Machine"]
+
+_START_TIMEOUT_S = 30.0
+_MIGRATE_TIMEOUT_S = 120.0
+_MAX_BANDWIDTH = 64 << 30  # bytes/s
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """Where a checkpoint's time went (milliseconds) and how much RAM it copied (bytes)."""
+
+    pause_ms: float
+    device_state_ms: float
+    ram_copy_ms: float
+    ram_bytes: int
+    state_bytes: int
+
+
+class Machine:
+    """A QEMU process plus its QMP connection."""
+
+    def __init__(self, files: VmFiles, pid: int, qmp: Qmp) -> None:
+        self.files = files
+        self.pid = pid
+        self._qmp = qmp
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        build: QemuBuild,
+        shape: MachineShape,
+        boot: BootFiles,
+        files: VmFiles,
+        disk: Path,
+        ram: RamFile,
+        state: Path | None = None,
+    ) -> Machine:
+        """Start QEMU; with ``state``, restore that device state and run from it.
+
+        Returns once the VM runs (restored) or has started booting (cold).
+        :raises QemuError: QEMU exited, or did not come up within the start timeout.
+        """
+        files.ensure()
+        for sock in (files.qmp_socket, files.agent_socket, files.net_socket):
+            sock.unlink(missing_ok=True)
+        state_fd = os.open(state, os.O_RDONLY) if state is not None else None
+        try:
+            argv = build_argv(build, shape, boot, files, disk, ram, incoming=state is not None)
+            pass_fds = (state_fd,) if state_fd is not None else ()
+            pid = spawn_detached(argv, files.qemu_log, pass_fds=pass_fds)
+            qmp = await Qmp.connect(
+                files.qmp_socket,
+                _START_TIMEOUT_S,
+                files.name,
+                alive=lambda: is_running(pid, files.name),
+            )
+            machine = cls(files, pid, qmp)
+            await machine._configure_migration()
+            if state_fd is not None:
+                # The fd number is valid inside QEMU: it inherited it at exec.
+                await qmp.run("migrate-incoming", uri=f"fd:{state_fd}")
+                await machine._wait_incoming()
+            return machine
+        except QemuError as error:
+            kill_and_wait(pid, files.name)
+            raise QemuError(
+                f"{files.name}: QEMU did not start: {error.message}", log_tail=files.log_tail()
+            ) from None
+        finally:
+            if state_fd is not None:
+                os.close(state_fd)
+
+    @classmethod
+    async def adopt(cls, files: VmFiles, pid: int, timeout_s: float = 5.0) -> Machine:
+        """Reconnect to a QEMU started by another process.
+
+        :raises QemuError: the process is gone or its monitor does not answer.
+        """
+        if not is_running(pid, files.name):
+            raise QemuError(f"{files.name}: QEMU process {pid} is not running")
+        return cls(files, pid, await Qmp.connect(files.qmp_socket, timeout_s, files.name))
+
+    def is_running(self) -> bool:
+        return is_running(self.pid, self.files.name)
+
+    async def close(self) -> None:
+        """Drop the monitor connection; the VM keeps running."""
+        await self._qmp.close()
+
+    async def kill(self) -> None:
+        """Kill QEMU at once (the session's state lives in checkpoints, not in it)."""
+        await self._qmp.close()
+        await asyncio.to_thread(kill_and_wait, self.pid, self.files.name)
+
+    async def status(self) -> str:
+        result = await self._qmp.run("query-status")
+        return str(result["status"])
+
+    async def _configure_migration(self) -> None:
+        # RAM lives in a named shared file that forkpoint copies itself: migration only
+        # carries device state. QEMU's default bandwidth cap (128 MiB/s) must not apply.
+        await self._qmp.run(
+            "migrate-set-capabilities",
+            capabilities=[{"capability": "x-ignore-shared", "state": True}],
+        )
+        await self._qmp.run("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
+
+    async def _wait_incoming(self) -> None:
+        deadline = time.monotonic() + _MIGRATE_TIMEOUT_S
+        while True:
+            status = await self.status()
+            if status == "running":
+                return
+            if status not in ("inmigrate", "prelaunch", "paused", "postmigrate"):
+                raise QemuError(f"{self.files.name}: restore ended in state {status}")
+            info = await self._qmp.run("query-migrate")
+            if info.get("status") == "failed":
+                raise QemuError(f"restore failed: {info.get('error-desc', 'unknown error')}")
+            if info.get("status") == "completed" and status != "inmigrate":
+                await self._qmp.run("cont")  # loaded; QEMU waits paused when not autostarting
+                continue
+            if time.monotonic() > deadline:
+                raise QemuError(f"{self.files.name}: restore did not finish in time")
+            if not self.is_running():
+                raise QemuError(f"{self.files.name}: QEMU exited while restoring")
+            await asyncio.sleep(0.002)
+
+    # -- checkpoint --------------------------------------------------------------------
+
+    async def checkpoint(
+        self, new_overlay: Path, state_dest: Path, ram_src: Path, ram_dest: Path
+    ) -> CheckpointStats:
+        """Freeze the running VM into files, then let it run on.
+
+        With the VM paused: the current disk layer is frozen and the VM continues on
+        ``new_overlay``; the device state is written to ``state_dest``; the RAM file
+        ``ram_src`` is copied sparsely to ``ram_dest``. The VM resumes even on failure.
+        :raises QemuError: QEMU's own error text plus the log tail.
+        """
+        started = time.perf_counter()
+        await self._qmp.run("stop")
+        try:
+            await self._qmp.run(
+                "blockdev-snapshot-sync",
+                device="d0",
+                **{"snapshot-file": str(new_overlay), "format": "qcow2", "mode": "absolute-paths"},
+            )
+            t_state = time.perf_counter()
+            await self._save_device_state(state_dest)
+            device_state_ms = (time.perf_counter() - t_state) * 1000
+            t_ram = time.perf_counter()
+            ram_bytes = await asyncio.to_thread(sparse_copy, ram_src, ram_dest)
+            ram_copy_ms = (time.perf_counter() - t_ram) * 1000
+        except QemuError as error:
+            raise QemuError(error.message, log_tail=self.files.log_tail()) from None
+        finally:
+            with contextlib.suppress(QemuError):
+                await self._qmp.run("cont")
+        return CheckpointStats(
+            pause_ms=(time.perf_counter() - started) * 1000,
+            device_state_ms=device_state_ms,
+            ram_copy_ms=ram_copy_ms,
+            ram_bytes=ram_bytes,
+            state_bytes=state_dest.stat().st_size,
+        )
+
+    async def _save_device_state(self, dest: Path) -> None:
+        # fd: migration works on every QEMU (file: needs 8.2) and needs no spawn, which
+        # the seccomp sandbox forbids (exec: would).
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
+        try:
+            self._qmp.send_fd(fd)
+            await self._qmp.run("getfd", fdname="ckpt")
+        finally:
+            os.close(fd)
+        await self._qmp.run("migrate", uri="fd:ckpt")
+        deadline = time.monotonic() + _MIGRATE_TIMEOUT_S
+        while True:
+            info = await self._qmp.run("query-migrate")
+            status = info.get("status")
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled"):
+                desc = info.get("error-desc", "no error description")
+                raise QemuError(f"{self.files.name}: saving device state failed: {desc}")
+            if time.monotonic() > deadline:
+                await self._qmp.run("migrate_cancel")
+                raise QemuError(f"{self.files.name}: saving device state timed out")
+            await asyncio.sleep(0.001)

@@ -1,0 +1,79 @@
+"""A thin QMP session on top of the official ``qemu.qmp`` client.
+
+Adds what every caller needs: connecting while QEMU is still starting, deadlines, and
+errors that carry QEMU's own message and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qemu.qmp import ConnectError, ExecuteError, QMPClient, QMPError
+
+from forkpoint.errors import QemuError
+
+__all__ = ["Qmp"]
+
+# qemu.qmp logs every hiccup at WARNING; our own errors already say what went wrong.
+logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
+
+
+class Qmp:
+    """One connected QMP monitor. Use :meth:`connect`, then :meth:`run`, then :meth:`close`."""
+
+    def __init__(self, client: QMPClient, describe: str) -> None:
+        self._client = client
+        self._describe = describe
+
+    @classmethod
+    async def connect(
+        cls,
+        socket: Path,
+        timeout_s: float,
+        describe: str = "QEMU",
+        alive: Callable[[], bool] = lambda: True,
+    ) -> Qmp:
+        """Connect to ``socket``, retrying while QEMU creates it (and ``alive()`` holds).
+
+        :raises QemuError: QEMU died, or no connection within ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 0.001
+        while True:
+            client = QMPClient(describe)
+            try:
+                await client.connect(str(socket))
+                return cls(client, describe)
+            except (ConnectError, OSError) as error:
+                if not alive():
+                    raise QemuError(f"{describe}: QEMU exited during start-up") from None
+                if time.monotonic() >= deadline:
+                    raise QemuError(
+                        f"{describe}: QMP socket did not answer within {timeout_s:g} s: {error}"
+                    ) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    async def run(self, command: str, **arguments: Any) -> Any:
+        """Execute ``command``; QEMU's error becomes a QemuError naming the command."""
+        try:
+            return await self._client.execute(command, arguments or None)
+        except ExecuteError as error:
+            desc = error.error.error.desc
+            raise QemuError(f"{self._describe}: {command} failed: {desc}") from None
+        except (QMPError, OSError, EOFError) as error:
+            raise QemuError(f"{self._describe}: {command}: QMP connection lost ({error})") from None
+
+    def send_fd(self, fd: int) -> None:
+        self._client.send_fd_scm(fd)
+
+    async def close(self) -> None:
+        try:
+            await self._client.disconnect()
+        except (QMPError, OSError, EOFError):
+            pass  # QEMU already gone: nothing left to close
