@@ -119,6 +119,12 @@ class Machine:
         await self._qmp.close()
         await asyncio.to_thread(kill_and_wait, self.pid, self.files.name)
 
+    async def announce(self) -> None:
+        """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
+        await self._qmp.run(
+            "announce-self", initial=0, max=0, rounds=1, step=0
+        )
+
     async def status(self) -> str:
         result = await self._qmp.run("query-status")
         return str(result["status"])

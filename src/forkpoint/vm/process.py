@@ -42,7 +42,7 @@ def _reap(pid: int) -> None:
 
 
 def is_running(pid: int | None, marker: str) -> bool:
-    """True if ``pid`` is alive, not a zombie, and its argv contains ``marker``."""
+    """True if ``pid`` is alive, not a zombie, and its command line contains ``marker``."""
     if not pid:
         return False
     _reap(pid)
@@ -52,7 +52,7 @@ def is_running(pid: int | None, marker: str) -> bool:
     except OSError:
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X") and marker.encode() in cmdline.split(b"\0")
+    return state not in ("Z", "X") and marker.encode() in cmdline
 
 
 def kill_and_wait(pid: int | None, marker: str, timeout_s: float = 10.0) -> None:

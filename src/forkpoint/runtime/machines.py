@@ -1,0 +1,91 @@
+"""Starting a session's VM from a checkpoint, and the guest identity it wakes up with.
+
+Shared by create (from the image template), fork and rollback: the only difference is
+which session id, host ports and generation the restored VM gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkpoint.agent_client import AgentClient
+from forkpoint.config import Home
+from forkpoint.errors import ForkpointError
+from forkpoint.vm import BootFiles, Machine, MachineShape, RamFile, VmFiles, qemu_build, sparse_copy
+from forkpoint.vm.disk import create_overlay
+from forkpoint.vm.net import start_passt
+
+from .manifest import RAM, STATE
+
+__all__ = [
+    "AGENT_READY_TIMEOUT_S",
+    "Started",
+    "new_layer_name",
+    "restore_identity",
+    "start_restored",
+]
+
+AGENT_READY_TIMEOUT_S = 20.0
+
+
+def new_layer_name() -> str:
+    return f"{uuid.uuid4().hex[:16]}.qcow2"
+
+
+@dataclass(frozen=True)
+class Started:
+    """A restored VM: its QEMU, its network helper pid and its fresh top disk layer."""
+
+    machine: Machine
+    passt_pid: int | None
+    disk_layer: str
+
+
+async def start_restored(
+    home: Home,
+    files: VmFiles,
+    checkpoint_dir: Path,
+    checkpoint_layer: str,
+    shape: MachineShape,
+    boot: BootFiles,
+    generation: int,
+    forwards: list[tuple[int, int]],
+    network: bool,
+    hostname: str,
+) -> Started:
+    """Restore the checkpoint in ``checkpoint_dir`` as a running VM with these identities.
+
+    The VM gets a new top layer on the checkpoint's frozen one and its own copy of the
+    checkpoint RAM (sparse). On return the guest's clock, RNG and hostname are fresh.
+    """
+    files.ensure()
+    layer = new_layer_name()
+    await asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer)
+    ram = files.ram(generation)
+    ram.unlink(missing_ok=True)
+    await asyncio.to_thread(sparse_copy, checkpoint_dir / RAM, ram)
+    t0 = time.perf_counter()
+    machine = await Machine.start(
+        qemu_build(), shape, boot, files, home.layers / layer, RamFile(ram, True),
+        state=checkpoint_dir / STATE,
+    )  # fmt: skip
+    try:
+        passt_pid = await asyncio.to_thread(start_passt, files, forwards) if network else None
+        await restore_identity(files, hostname)
+    except ForkpointError:
+        await machine.kill()
+        raise
+    return Started(machine, passt_pid, layer)
+
+
+async def restore_identity(files: VmFiles, hostname: str) -> None:
+    """Give a just-restored guest the host's clock, fresh entropy and its own hostname."""
+    async with await AgentClient.connect(
+        files.agent_socket, timeout=AGENT_READY_TIMEOUT_S
+    ) as agent:
+        await agent.restore_identity(time.time_ns(), os.urandom(64), hostname)

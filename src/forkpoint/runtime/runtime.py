@@ -1,0 +1,560 @@
+"""The runtime: sessions, checkpoints, forks, rollback, ports and garbage collection.
+
+The only module that combines the VM engine, the agent client, images and the store.
+The store is the truth; every operation on a session holds that session's inter-process
+lock, so two CLIs and a server can work side by side. QEMU processes outlive the process
+that started them and are re-adopted through the pid kept in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from forkpoint.agent_client import AgentClient
+from forkpoint.config import Home, home
+from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
+from forkpoint.images import Image, get_image
+from forkpoint.store import (
+    CheckpointKind,
+    CheckpointRecord,
+    Network,
+    SessionRecord,
+    SessionState,
+    Store,
+    global_lock_async,
+    new_checkpoint_id,
+    session_lock_async,
+)
+from forkpoint.vm import (
+    BootFiles,
+    Machine,
+    MachineShape,
+    RamFile,
+    VmFiles,
+    create_sparse,
+    detect_accel,
+    guest_cmdline,
+    host_tsc_khz,
+    qemu_build,
+)
+from forkpoint.vm.disk import create_overlay
+from forkpoint.vm.net import start_passt, stop_passt
+from forkpoint.vm.process import is_running, kill_and_wait
+
+from .machines import AGENT_READY_TIMEOUT_S, new_layer_name, start_restored
+from .manifest import RAM, STATE, check_compatible, read_manifest, write_manifest
+from .models import Checkpoint, PortInfo, Session
+
+__all__ = ["Runtime"]
+
+_TEMPLATE_BOOT_TIMEOUT_S = 180.0
+_MAX_FORKS = 64
+
+
+class Runtime:
+    """In-process forkpoint. Open with :meth:`open`; every method is safe to call from
+    several processes at once. Errors are :class:`~forkpoint.errors.ForkpointError`."""
+
+    def __init__(self, home_: Home, store: Store) -> None:
+        self.home = home_
+        self.store = store
+        self.build = qemu_build()
+
+    @classmethod
+    def open(cls, home_: Home | None = None) -> Runtime:
+        h = (home_ or home()).ensure()
+        return cls(h, Store.open(h))
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def files(self, session_id: str) -> VmFiles:
+        return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
+
+    def _accel(self, image: Image) -> str:
+        return detect_accel(self.build, self.home.cache, image.kernel)
+
+    def _shape(self, image: Image, memory_mib: int, cpus: int) -> MachineShape:
+        accel = self._accel(image)
+        return MachineShape.for_build(self.build, accel, memory_mib, cpus)  # type: ignore[arg-type]
+
+    def _boot(self, image: Image, shape: MachineShape) -> BootFiles:
+        return BootFiles(image.kernel, image.initrd, guest_cmdline(shape.accel, host_tsc_khz()))
+
+    def _checkpoint_dir(self, checkpoint_id: str) -> Path:
+        return self.home.checkpoints / checkpoint_id
+
+    def _refresh(self, record: SessionRecord) -> SessionRecord:
+        """Notice a QEMU that died behind our back: the session becomes ``crashed``."""
+        files = self.files(record.id)
+        if record.state == SessionState.RUNNING and not is_running(record.qemu_pid, files.name):
+            for pid in record.aux_pids:
+                stop_passt(files, pid)
+            return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+        return record
+
+    # -- queries -----------------------------------------------------------------------
+
+    def get(self, session: str) -> Session:
+        """The session with this id or name. :raises NotFound:"""
+        return Session.from_record(self._refresh(self.store.get_session(session)))
+
+    def list_sessions(self) -> list[Session]:
+        return [Session.from_record(self._refresh(r)) for r in self.store.list_sessions()]
+
+    def get_checkpoint(self, checkpoint: str) -> Checkpoint:
+        return Checkpoint.from_record(self.store.get_checkpoint(checkpoint))
+
+    def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
+        session_id = self.store.get_session(session).id if session else None
+        records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
+        return [Checkpoint.from_record(r) for r in records]
+
+    # -- create ------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        image: str = "default",
+        memory_mib: int = 512,
+        cpus: int = 1,
+        name: str | None = None,
+        ports: Sequence[int] = (),
+        network: str = "user",
+    ) -> Session:
+        """Create a session by forking the image's template (booted once, then cached).
+
+        :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
+        """
+        if not 128 <= memory_mib <= 65536:
+            raise InvalidInput(f"memory must be 128..65536 MiB, got {memory_mib}")
+        if not 1 <= cpus <= 64:
+            raise InvalidInput(f"cpus must be 1..64, got {cpus}")
+        net = _network(network)
+        for port in ports:
+            _check_guest_port(port)
+        img = get_image(image)
+        shape = self._shape(img, memory_mib, cpus)
+        template = await self._template(img, shape)
+        return await self._start_session(
+            template, img, shape, name=name, guest_ports=list(ports), network=net
+        )
+
+    async def _template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
+        """The checkpoint of ``image`` booted to agent-ready for this machine shape."""
+        existing = self.store.get_template(image.hash, shape.key)
+        if existing and (self._checkpoint_dir(existing) / STATE).exists():
+            return self.store.get_checkpoint(existing)
+        async with global_lock_async(self.home, f"template-{image.hash}", timeout_s=300):
+            existing = self.store.get_template(image.hash, shape.key)
+            if existing and (self._checkpoint_dir(existing) / STATE).exists():
+                return self.store.get_checkpoint(existing)
+            return await self._boot_template(image, shape)
+
+    async def _boot_template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
+        files = VmFiles(self.home.sessions / f"template-{image.hash}-{shape.key}", "x")
+        files = VmFiles(files.dir, f"forkpoint-{files.dir.name}")
+        shutil.rmtree(files.dir, ignore_errors=True)
+        files.ensure()
+        base = new_layer_name()
+        await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
+        self.store.insert_layer(base)
+        create_sparse(files.ram(0), shape.memory_mib << 20)
+        machine = await Machine.start(
+            self.build, shape, self._boot(image, shape), files,
+            self.home.layers / base, RamFile(files.ram(0), True),
+        )  # fmt: skip
+        try:
+            agent = await AgentClient.connect(files.agent_socket, timeout=_TEMPLATE_BOOT_TIMEOUT_S)
+            async with agent:
+                await agent.hello()
+            record = await self._write_checkpoint(
+                machine, files, 0, base, session_id=f"template-{image.hash}",
+                name=None, kind=CheckpointKind.TEMPLATE, image=image, shape=shape,
+                parent=None, guest_ports=[],
+            )  # fmt: skip
+            self.store.set_template(image.hash, shape.key, record.id)
+            return record
+        except ForkpointError as error:
+            raise InternalError(
+                f"booting image {image.name} to build its template failed: {error.message}",
+                log_tail=files.log_tail(),
+            ) from None
+        finally:
+            await machine.kill()
+            shutil.rmtree(files.dir, ignore_errors=True)
+            self.gc()
+
+    async def _start_session(
+        self,
+        checkpoint: CheckpointRecord,
+        image: Image,
+        shape: MachineShape,
+        *,
+        name: str | None,
+        guest_ports: list[int],
+        network: Network,
+    ) -> Session:
+        manifest = read_manifest(self._checkpoint_dir(checkpoint.id))
+        check_compatible(checkpoint.id, manifest, shape)
+        # The session row needs a layer row to point at; the checkpoint's own frozen
+        # layer is a valid placeholder until the VM runs on its own top layer.
+        record = self.store.insert_session(
+            SessionRecord.new(
+                image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
+                memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
+                parent_checkpoint=checkpoint.id,
+            )
+        )  # fmt: skip
+        files = self.files(record.id)
+        try:
+            async with session_lock_async(self.home, record.id):
+                forwards = [(await self._allocate_host_port(record.id, g), g) for g in guest_ports]
+                started = await start_restored(
+                    self.home, files, self._checkpoint_dir(checkpoint.id), checkpoint.disk_layer,
+                    shape, self._boot(image, shape), 0, forwards,
+                    network == Network.USER, name or record.id,
+                )  # fmt: skip
+                with self.store.transaction():
+                    self.store.insert_layer(started.disk_layer, backing=checkpoint.disk_layer)
+                    record = self.store.update_session(
+                        record.id, state=SessionState.RUNNING, disk_layer=started.disk_layer,
+                        qemu_pid=started.machine.pid,
+                        aux_pids=[started.passt_pid] if started.passt_pid else [],
+                    )  # fmt: skip
+                await started.machine.close()
+        except BaseException:
+            await self._destroy(record)
+            raise
+        return Session.from_record(record)
+
+    # -- delete ------------------------------------------------------------------------
+
+    async def remove(self, session: str) -> None:
+        """Kill the session's VM and delete its files. :raises NotFound:"""
+        record = self.store.get_session(session)
+        async with session_lock_async(self.home, record.id):
+            await self._destroy(self.store.get_session(record.id))
+
+    async def _destroy(self, record: SessionRecord) -> None:
+        files = self.files(record.id)
+        await asyncio.to_thread(self._kill_processes, record)
+        with contextlib.suppress(NotFound):
+            self.store.delete_session(record.id)
+        shutil.rmtree(files.dir, ignore_errors=True)
+        shutil.rmtree(files.sock_dir, ignore_errors=True)
+        self.gc()
+
+    def _kill_processes(self, record: SessionRecord) -> None:
+        files = self.files(record.id)
+        kill_and_wait(record.qemu_pid, files.name)
+        for pid in record.aux_pids:
+            stop_passt(files, pid)
+
+    def gc(self) -> list[str]:
+        """Delete disk layers nothing depends on any more; returns their names."""
+        removed: list[str] = []
+        while True:
+            names = [n for n in self.store.unreferenced_layers() if n not in removed]
+            if not names:
+                return removed
+            for name in names:
+                try:
+                    self.store.delete_layer(name)
+                except ForkpointError:
+                    continue
+                (self.home.layers / name).unlink(missing_ok=True)
+                removed.append(name)
+
+    # -- checkpoint --------------------------------------------------------------------
+
+    async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:
+        """Checkpoint a running session (memory, devices, disk). The VM pauses briefly.
+
+        :raises Conflict: the session is not running; :raises QemuError: QEMU failed (the
+            session keeps running and no checkpoint is recorded).
+        """
+        record = self.store.get_session(session)
+        async with session_lock_async(self.home, record.id):
+            record = self._require_running(self.store.get_session(record.id))
+            image = get_image(record.image_hash)
+            shape = self._shape(image, record.memory_mib, record.cpus)
+            files = self.files(record.id)
+            machine = await Machine.adopt(files, record.qemu_pid or 0)
+            try:
+                created = await self._write_checkpoint(
+                    machine, files, record.generation, record.disk_layer,
+                    session_id=record.id, name=name, kind=CheckpointKind.USER, image=image,
+                    shape=shape, parent=record.parent_checkpoint,
+                    guest_ports=[p.guest_port for p in record.ports],
+                )  # fmt: skip
+            finally:
+                await machine.close()
+            return Checkpoint.from_record(created)
+
+    async def _write_checkpoint(
+        self,
+        machine: Machine,
+        files: VmFiles,
+        generation: int,
+        layer: str,
+        *,
+        session_id: str,
+        name: str | None,
+        kind: CheckpointKind,
+        image: Image,
+        shape: MachineShape,
+        parent: str | None,
+        guest_ports: list[int],
+    ) -> CheckpointRecord:
+        started = time.perf_counter()
+        checkpoint_id = new_checkpoint_id()
+        tmp = self.home.checkpoints / f".tmp-{checkpoint_id}"
+        tmp.mkdir()
+        new_top = new_layer_name()
+        try:
+            try:
+                stats = await machine.checkpoint(
+                    self.home.layers / new_top, tmp / STATE, files.ram(generation), tmp / RAM
+                )
+            finally:
+                # Whatever happened, record the layer the VM now writes to.
+                if (self.home.layers / new_top).exists():
+                    with self.store.transaction():
+                        self.store.insert_layer(new_top, backing=layer)
+                        if kind == CheckpointKind.USER:
+                            self.store.update_session(session_id, disk_layer=new_top)
+            duration_ms = (time.perf_counter() - started) * 1000
+            manifest = {
+                "id": checkpoint_id, "session_id": session_id, "name": name, "kind": str(kind),
+                "machine": shape.to_dict(), "qemu_version": self.build.version,
+                "image": image.name, "image_hash": image.hash, "disk_layer": layer,
+                "parent_checkpoint": parent, "ports": guest_ports,
+                "ram_bytes": stats.ram_bytes, "state_bytes": stats.state_bytes,
+                "pause_ms": stats.pause_ms, "duration_ms": duration_ms,
+            }  # fmt: skip
+            write_manifest(tmp, manifest)
+            _fsync_dir(tmp)
+            final = self._checkpoint_dir(checkpoint_id)
+            os.rename(tmp, final)  # atomic: a checkpoint is all there or not at all
+            _fsync_dir(self.home.checkpoints)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        record = CheckpointRecord.new(
+            session_id=session_id, disk_layer=layer, image=image.name, image_hash=image.hash,
+            manifest=read_manifest(final), size_bytes=stats.ram_bytes + stats.state_bytes,
+            name=name, kind=kind, parent_checkpoint=parent,
+        )  # fmt: skip
+        record = replace(record, id=checkpoint_id)
+        try:
+            return self.store.insert_checkpoint(record)
+        except BaseException:
+            shutil.rmtree(final, ignore_errors=True)
+            raise
+
+    async def remove_checkpoint(self, checkpoint: str) -> None:
+        """Delete a checkpoint. :raises InUse: sessions or checkpoints depend on it."""
+        record = self.store.get_checkpoint(checkpoint)
+        self.store.delete_checkpoint(record.id)
+        shutil.rmtree(self._checkpoint_dir(record.id), ignore_errors=True)
+        self.gc()
+
+    # -- fork & rollback ---------------------------------------------------------------
+
+    async def fork(self, checkpoint: str, count: int = 1) -> list[Session | ForkpointError]:
+        """Start ``count`` new sessions from a checkpoint, in parallel.
+
+        Each gets a new id and its own host ports for the checkpoint's forwarded guest
+        ports. A fork that fails is reported in its slot; the others still run.
+        """
+        if not 1 <= count <= _MAX_FORKS:
+            raise InvalidInput(f"count must be 1..{_MAX_FORKS}, got {count}")
+        record = self.store.get_checkpoint(checkpoint)
+        source = self._source_session(record)
+        image = get_image(record.image_hash)
+        memory, cpus = _shape_of(record)
+        shape = self._shape(image, memory, cpus)
+        check_compatible(record.id, read_manifest(self._checkpoint_dir(record.id)), shape)
+        network = Network(source.network) if source else Network.USER
+        guest_ports = [int(p) for p in record.manifest.get("ports", [])]
+        results = await asyncio.gather(
+            *(
+                self._start_session(
+                    record, image, shape, name=None, guest_ports=guest_ports, network=network
+                )
+                for _ in range(count)
+            ),
+            return_exceptions=True,
+        )
+        out: list[Session | ForkpointError] = []
+        for result in results:
+            if isinstance(result, ForkpointError | Session):
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+        return out
+
+    def _source_session(self, record: CheckpointRecord) -> SessionRecord | None:
+        try:
+            return self.store.get_session(record.session_id)
+        except NotFound:
+            return None
+
+    def lineage(self, record: SessionRecord) -> list[str]:
+        """Checkpoints a session may roll back to: its own, and those it descends from."""
+        own = [c.id for c in self.store.list_checkpoints(session_id=record.id)]
+        ancestors: list[str] = []
+        current = record.parent_checkpoint
+        while current and current not in ancestors:
+            ancestors.append(current)
+            try:
+                current = self.store.get_checkpoint(current).parent_checkpoint
+            except NotFound:
+                break
+        return own + ancestors
+
+    async def rollback(self, session: str, checkpoint: str | None = None) -> Session:
+        """Reset a session — same id, same host ports — to a checkpoint of its lineage
+        (default: its latest own checkpoint, else the one it started from). Works on a
+        crashed session too.
+
+        :raises Conflict: the checkpoint is not in the session's lineage.
+        """
+        record = self.store.get_session(session)
+        async with session_lock_async(self.home, record.id):
+            record = self.store.get_session(record.id)
+            lineage = self.lineage(record)
+            if checkpoint is None:
+                own = self.store.list_checkpoints(session_id=record.id)
+                latest = own[-1].id if own else record.parent_checkpoint
+                if latest is None:
+                    raise Conflict(f"session {record.id} has no checkpoint to roll back to")
+                target = self.store.get_checkpoint(latest)
+            else:
+                target = self.store.get_checkpoint(checkpoint)
+                if target.id not in lineage:
+                    raise Conflict(
+                        f"checkpoint {target.id} is not in the lineage of session {record.id}; "
+                        f"use `forkpoint fork {target.id}` to start a new session from it"
+                    )
+            image = get_image(target.image_hash)
+            shape = self._shape(image, record.memory_mib, record.cpus)
+            check_compatible(target.id, read_manifest(self._checkpoint_dir(target.id)), shape)
+            await asyncio.to_thread(self._kill_processes, record)
+            files = self.files(record.id)
+            files.ram(record.generation).unlink(missing_ok=True)
+            generation = record.generation + 1
+            try:
+                started = await start_restored(
+                    self.home, files, self._checkpoint_dir(target.id), target.disk_layer, shape,
+                    self._boot(image, shape), generation,
+                    [(p.host_port, p.guest_port) for p in record.ports],
+                    record.network == Network.USER, record.name or record.id,
+                )  # fmt: skip
+            except ForkpointError:
+                self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+                raise
+            with self.store.transaction():
+                self.store.insert_layer(started.disk_layer, backing=target.disk_layer)
+                record = self.store.update_session(
+                    record.id, state=SessionState.RUNNING, disk_layer=started.disk_layer,
+                    qemu_pid=started.machine.pid, generation=generation,
+                    parent_checkpoint=target.id,
+                    aux_pids=[started.passt_pid] if started.passt_pid else [],
+                )  # fmt: skip
+            await started.machine.close()
+        self.gc()
+        return Session.from_record(record)
+
+    # -- ports -------------------------------------------------------------------------
+
+    async def forward_port(self, session: str, guest_port: int) -> PortInfo:
+        """Forward ``guest_port`` to a free port on the host's 127.0.0.1 (idempotent)."""
+        _check_guest_port(guest_port)
+        record = self.store.get_session(session)
+        existing = record.port_for(guest_port)
+        if existing:
+            return PortInfo(existing.guest_port, existing.host_port)
+        async with session_lock_async(self.home, record.id):
+            record = self._require_running(self.store.get_session(record.id))
+            if record.network != Network.USER:
+                raise Conflict(f"session {record.id} has no network (--network none)")
+            host_port = await self._allocate_host_port(record.id, guest_port)
+            record = self.store.get_session(record.id)
+            files = self.files(record.id)
+            for pid in record.aux_pids:
+                await asyncio.to_thread(stop_passt, files, pid)
+            forwards = [(p.host_port, p.guest_port) for p in record.ports]
+            pid = await asyncio.to_thread(start_passt, files, forwards)
+            self.store.update_session(record.id, aux_pids=[pid])
+            return PortInfo(guest_port, host_port)
+
+    async def _allocate_host_port(self, session_id: str, guest_port: int) -> int:
+        async with global_lock_async(self.home, "ports"):
+            taken = self.store.allocated_host_ports()
+            for _ in range(100):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = int(probe.getsockname()[1])
+                if port not in taken:
+                    self.store.add_port(session_id, guest_port, port)
+                    return port
+        raise InternalError("no free host port found on 127.0.0.1")
+
+    # -- guest access ------------------------------------------------------------------
+
+    def _require_running(self, record: SessionRecord) -> SessionRecord:
+        record = self._refresh(record)
+        if record.state != SessionState.RUNNING:
+            hint = "; roll it back: forkpoint rollback " + record.id
+            raise Conflict(
+                f"session {record.id} is {record.state}"
+                + (hint if record.state == SessionState.CRASHED else "")
+            )
+        return record
+
+    @contextlib.asynccontextmanager
+    async def agent(self, session: str) -> AsyncIterator[AgentClient]:
+        """A connected agent client for a running session (one at a time per session)."""
+        record = self._require_running(self.store.get_session(session))
+        files = self.files(record.id)
+        async with global_lock_async(self.home, f"agent-{record.id}", timeout_s=600):
+            client = await AgentClient.connect(files.agent_socket, timeout=AGENT_READY_TIMEOUT_S)
+            async with client:
+                yield client
+
+
+def _network(value: str) -> Network:
+    try:
+        return Network(value)
+    except ValueError:
+        raise InvalidInput(f"network must be 'user' or 'none', got {value!r}") from None
+
+
+def _check_guest_port(port: int) -> None:
+    if not 1 <= int(port) <= 65535:
+        raise InvalidInput(f"guest port must be 1..65535, got {port}")
+
+
+def _shape_of(record: CheckpointRecord) -> tuple[int, int]:
+    machine = record.manifest.get("machine", {})
+    return int(machine.get("memory_mib", 512)), int(machine.get("cpus", 1))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
