@@ -38,8 +38,12 @@ def _progress_reporter() -> Iterator[ProgressFn]:
             # Not a terminal (a log, a test): skip apt's chatter, keep the milestones.
             if stage == "check":
                 return  # keeps a bad-package failure to its one error line
-            if stage != "rootfs" or detail.startswith(("I:", "E:", "W:", "mmdebstrap", "creating")):
-                err_console.print(f"{stage}: {detail}", markup=False, highlight=False)
+            if stage != "rootfs" or detail.startswith(
+                ("I:", "E:", "W:", "mmdebstrap", "creating", "reusing")
+            ):
+                err_console.print(
+                    f"{stage}: {detail}", markup=False, highlight=False, soft_wrap=True
+                )
 
         yield plain
         return
@@ -57,7 +61,7 @@ def _progress_reporter() -> Iterator[ProgressFn]:
         def rich(stage: str, detail: str) -> None:
             bar.update(task, description=escape(detail[:90]), stage=stage)
             if stage in {"kernel", "initramfs", "rootfs", "finish"} and detail.startswith(
-                ("fetching", "packing", "mmdebstrap", "writing")
+                ("fetching", "packing", "mmdebstrap", "reusing", "creating", "writing")
             ):
                 elapsed = time.monotonic() - started
                 bar.console.print(f"[dim]{elapsed:6.1f}s[/] {escape(detail)}")
@@ -102,24 +106,35 @@ def register(app: typer.Typer) -> None:
     def ls(as_json: bool = JSON_OPTION) -> None:
         """List built images."""
         from forkpoint.images import list_images
+        from forkpoint.images.catalog import current_hashes
 
         images = list_images()
+        current = current_hashes()
         if as_json:
-            emit_json([image.to_dict() for image in images])
+            emit_json(
+                [
+                    {**image.to_dict(), "current": current.get(image.name) == image.hash}
+                    for image in images
+                ]
+            )
             return
         if not images:
             console.print("no images yet: run [bold]forkpoint image build[/]")
             return
         table = Table(box=None, header_style="bold")
-        for column in ("NAME", "HASH", "KERNEL", "PACKAGES", "SIZE", "CREATED"):
-            table.add_column(column)
+        for column in ("NAME", "HASH", "KERNEL", "SIZE", "CREATED"):
+            table.add_column(column, no_wrap=True)
+        table.add_column("PACKAGES", ratio=1)
         for image in images:
+            latest = current.get(image.name) == image.hash
             table.add_row(
-                escape(image.name),
-                image.hash,
+                escape(image.name) if latest else f"[dim]{escape(image.name)}[/]",
+                image.hash[:12],
                 image.kernel_version,
-                escape(", ".join(image.recipe.packages)),
                 _size(image.size_bytes),
-                image.created_at.strftime("%Y-%m-%d %H:%M"),
+                image.created_at.astimezone().strftime("%m-%d %H:%M"),
+                escape(", ".join(image.recipe.packages)),
             )
         console.print(table)
+        if len(current) < len(images):
+            console.print("[dim]dimmed: superseded by a newer build of the same name[/]")

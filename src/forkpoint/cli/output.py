@@ -13,10 +13,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from forkpoint.errors import ForkpointError
+from forkpoint.errors import ForkpointError, InternalError
 
 __all__ = ["JSON_OPTION", "console", "emit_json", "err_console", "fail", "reports_errors"]
 
@@ -39,7 +41,13 @@ def fail(error: ForkpointError, as_json: bool) -> typer.Exit:
     """Report ``error`` the documented way and return the Exit to raise."""
     if as_json:
         emit_json({"error": error.to_dict()})
-    err_console.print(f"[bold red]error:[/] {error.message}", markup=True, highlight=False)
+    # soft_wrap: an error is always ONE line, whatever the terminal width (greppable).
+    err_console.print(
+        f"[bold red]error:[/] {escape(error.message)}",
+        markup=True,
+        highlight=False,
+        soft_wrap=True,
+    )
     if error.log_tail and not as_json:
         err_console.print(error.log_tail, markup=False, highlight=False, style="dim")
     return typer.Exit(error.exit_code)
@@ -58,5 +66,10 @@ def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
             raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise  # typer/click report these themselves (usage errors exit 2)
+        except Exception as error:  # a bug: still one line, never a traceback
+            wrapped = InternalError(f"{type(error).__name__}: {error}")
+            raise fail(wrapped, as_json) from None
 
     return wrapper

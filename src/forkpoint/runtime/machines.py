@@ -69,13 +69,15 @@ async def start_restored(
     ram = files.ram(generation)
     ram.unlink(missing_ok=True)
     await asyncio.to_thread(sparse_copy, checkpoint_dir / RAM, ram)
-    t0 = time.perf_counter()
     machine = await Machine.start(
         qemu_build(), shape, boot, files, home.layers / layer, RamFile(ram, True),
         state=checkpoint_dir / STATE,
     )  # fmt: skip
     try:
-        passt_pid = await asyncio.to_thread(start_passt, files, forwards) if network else None
+        passt_pid = None
+        if network:
+            passt_pid = await asyncio.to_thread(start_passt, files, forwards)
+            await machine.announce()  # so passt learns the guest's MAC before any traffic
         await restore_identity(files, hostname)
     except ForkpointError:
         await machine.kill()

@@ -14,11 +14,19 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
-from forkpoint.agent_client import AgentClient
+from forkpoint.agent_client import (
+    AgentClient,
+    DirEntry,
+    ExecResult,
+    OutputCallback,
+    ProcessInfo,
+    SpawnResult,
+)
 from forkpoint.config import Home, home
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
 from forkpoint.images import Image, get_image
@@ -533,6 +541,72 @@ class Runtime:
             client = await AgentClient.connect(files.agent_socket, timeout=AGENT_READY_TIMEOUT_S)
             async with client:
                 yield client
+
+    async def exec(
+        self,
+        session: str,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run a command in the guest to completion (exit code passed through, not raised).
+
+        :raises CommandTimeout: past ``timeout`` seconds (the command is killed).
+        """
+        async with self.agent(session) as agent:
+            return await agent.exec(
+                command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+                on_stdout=on_stdout, on_stderr=on_stderr,
+            )  # fmt: skip
+
+    async def spawn(
+        self,
+        session: str,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SpawnResult:
+        """Start a detached background process; it survives checkpoints, forks, rollbacks."""
+        async with self.agent(session) as agent:
+            return await agent.spawn(command, cwd=cwd, env=env)
+
+    async def read_file(self, session: str, path: str) -> bytes:
+        async with self.agent(session) as agent:
+            return await agent.read_file(path)
+
+    async def read_file_to(self, session: str, path: str, dest: IO[bytes]) -> int:
+        """Stream a guest file into ``dest`` (bounded memory); returns bytes written."""
+        async with self.agent(session) as agent:
+            return await agent.read_file_to(path, dest)
+
+    async def write_file(
+        self, session: str, path: str, data: bytes | IO[bytes], mode: int = 0o644
+    ) -> None:
+        """Write a guest file (parents created; streamed when ``data`` is a file)."""
+        async with self.agent(session) as agent:
+            await agent.write_file(path, data, mode=mode)
+
+    async def list_files(self, session: str, path: str) -> list[DirEntry]:
+        async with self.agent(session) as agent:
+            return await agent.list_dir(path)
+
+    async def remove_file(self, session: str, path: str) -> None:
+        async with self.agent(session) as agent:
+            await agent.remove(path)
+
+    async def ps(self, session: str) -> list[ProcessInfo]:
+        async with self.agent(session) as agent:
+            return await agent.ps()
+
+    async def kill_process(self, session: str, pid: int, signal: int | str = "TERM") -> None:
+        async with self.agent(session) as agent:
+            await agent.kill(pid, signal)
 
 
 def _network(value: str) -> Network:

@@ -121,9 +121,7 @@ class Machine:
 
     async def announce(self) -> None:
         """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
-        await self._qmp.run(
-            "announce-self", initial=0, max=0, rounds=1, step=0
-        )
+        await self._qmp.run("announce-self", initial=0, max=0, rounds=1, step=0)
 
     async def status(self) -> str:
         result = await self._qmp.run("query-status")

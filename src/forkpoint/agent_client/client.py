@@ -1,0 +1,609 @@
+"""AgentClient: the host side of the agent protocol (asyncio).
+
+One client = one connection to the agent (QEMU's chardev socket of the session, or any
+pair of streams). Requests carry ids, so many can run at once over the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import secrets
+import shlex
+import signal as signal_mod
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import IO, Any, Final, TypeVar
+
+from ..errors import AgentError, ForkpointError, InvalidInput
+from ..protocol import (
+    CHUNK_BYTES,
+    PROTOCOL_VERSION,
+    SYNC,
+    SYNC_MAGIC,
+    DirEntry,
+    Empty,
+    Event,
+    EventKind,
+    ExecArgs,
+    ExecResult,
+    FrameDecoder,
+    HelloArgs,
+    HelloResult,
+    KillArgs,
+    ListDirResult,
+    Op,
+    PathArgs,
+    ProcessInfo,
+    ProtocolError,
+    PsResult,
+    ReadFileResult,
+    RemoveArgs,
+    RemoveResult,
+    Response,
+    RestoreIdentityArgs,
+    RestoreIdentityResult,
+    SpawnArgs,
+    SpawnResult,
+    StatArgs,
+    StatResult,
+    WriteBeginArgs,
+    WriteBeginResult,
+    WriteChunkArgs,
+    WriteCommitArgs,
+    WriteCommitResult,
+    WriteHandleArgs,
+    encode_frame,
+    from_wire,
+    parse_reply,
+    request_message,
+    to_wire,
+)
+from ._errors import error_from_agent
+
+__all__ = ["AgentClient", "OutputCallback"]
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[bytes], Awaitable[None]]
+"""Receives one chunk of a command's stdout or stderr as it is produced."""
+
+_EventCallback = Callable[[EventKind, bytes], Awaitable[None]]
+_R = TypeVar("_R")
+
+_READ_BYTES: Final = 256 * 1024
+_CONNECT_RETRY_S: Final = 0.01
+# A hello may be lost (e.g. sent before a restore completed): resend, backing off so a
+# slow (TCG) agent is not made to drop answers it is about to send.
+_HELLO_RESEND_S: Final = (0.5, 1.0, 2.0)
+_UPLOAD_WINDOW: Final = 4  # write_chunk requests in flight per upload
+_EXEC_GRACE_S: Final = 30.0  # beyond an exec's own timeout, for kill + reply
+
+
+class _Default(enum.Enum):
+    TOKEN = 0  # "use the client's request_timeout"
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future[Response]
+    on_event: _EventCallback | None
+    last_activity: float
+
+
+def _model(cls: Callable[..., _R], /, **kwargs: Any) -> _R:
+    """Build an args model; its validation errors become InvalidInput."""
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+
+
+def _signal_number(sig: int | str) -> int:
+    if isinstance(sig, int):
+        return sig
+    name = sig.upper()
+    try:
+        return int(signal_mod.Signals[name if name.startswith("SIG") else f"SIG{name}"])
+    except KeyError:
+        raise InvalidInput(f"unknown signal: {sig}") from None
+
+
+class AgentClient:
+    """A connection to one in-guest agent. Create with :meth:`connect` or :meth:`over_streams`.
+
+    Every method raises AgentError when the channel breaks, InvalidInput for bad
+    arguments (checked before sending, and by the agent), NotFound for a missing path,
+    command or process. ``request_timeout`` (s) bounds how long a request may go without
+    any sign of life from the agent (exec uses its own timeout plus a grace instead).
+    Output callbacks run on the connection's reader: they must not wait for other
+    requests of this client.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        label: str,
+        request_timeout: float | None,
+    ) -> None:
+        """Internal: use :meth:`connect` or :meth:`over_streams` (they do the handshake)."""
+        self._reader = reader
+        self._writer = writer
+        self._label = label
+        self._request_timeout = request_timeout
+        self._decoder = FrameDecoder(require_sync=True)
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._broken: AgentError | None = None
+        self._closed = False
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.info: HelloResult | None = None
+        """The agent's hello answer (pid, hostname, boot id, protocol version)."""
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        timeout: float = 10.0,
+        request_timeout: float | None = 60.0,
+    ) -> AgentClient:
+        """Connect to the agent socket at ``path`` and handshake, all within ``timeout`` s.
+
+        Retries while the socket is missing or refuses (QEMU creates it a few ms after
+        starting, also after a restore). Raises AgentError on timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(os.fspath(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                if loop.time() >= deadline:
+                    raise AgentError(
+                        f"cannot connect to the agent socket {os.fspath(path)} "
+                        f"within {timeout:g} s: {e.strerror or e}"
+                    ) from None
+                await asyncio.sleep(_CONNECT_RETRY_S)
+            except OSError as e:
+                raise AgentError(f"cannot connect to the agent socket {path}: {e}") from None
+        return await cls._start(reader, writer, str(path), deadline, timeout, request_timeout)
+
+    @classmethod
+    async def over_streams(
+        cls,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        timeout: float = 10.0,
+        request_timeout: float | None = 60.0,
+        label: str = "agent",
+    ) -> AgentClient:
+        """Handshake over an existing connection within ``timeout`` s (the client owns it
+        from now on). Raises AgentError on timeout."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        return await cls._start(reader, writer, label, deadline, timeout, request_timeout)
+
+    @classmethod
+    async def _start(
+        cls,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        label: str,
+        deadline: float,
+        timeout: float,
+        request_timeout: float | None,
+    ) -> AgentClient:
+        client = cls(reader, writer, label=label, request_timeout=request_timeout)
+        try:
+            client.info = await client._handshake(deadline, timeout)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def _handshake(self, deadline: float, timeout: float) -> HelloResult:
+        """Send SYNC_MAGIC + hello(nonce) until an answer carries our nonce.
+
+        The magic makes the agent drop anything left from an earlier connection (or from
+        before a VM restore); the nonce makes us ignore stale answers.
+        """
+        loop = asyncio.get_running_loop()
+        nonce = secrets.token_hex(16)
+        waiting: dict[asyncio.Future[Response], int] = {}
+        attempt = 0
+        try:
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    raise AgentError(
+                        f"agent at {self._label} did not answer the handshake within "
+                        f"{timeout:g} s (not running yet, or another client is connected)"
+                    )
+                rid, pend = self._register(None)
+                waiting[pend.future] = rid
+                frame = encode_frame(
+                    request_message(rid, Op.HELLO, to_wire(HelloArgs(nonce, PROTOCOL_VERSION)))
+                )
+                await self._send(SYNC_MAGIC + frame)
+                attempt += 1
+                done, _ = await asyncio.wait(
+                    set(waiting),
+                    timeout=min(_HELLO_RESEND_S[min(attempt, 2)], deadline - now),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for fut in done:
+                    resp = fut.result()  # AgentError if the channel broke
+                    if resp.error is not None:
+                        raise error_from_agent(Op.HELLO, resp.error)
+                    hello = self._decode(HelloResult, resp)
+                    if hello.nonce != nonce:
+                        continue
+                    if hello.protocol_version != PROTOCOL_VERSION:
+                        raise AgentError(
+                            f"agent speaks protocol {hello.protocol_version}, "
+                            f"this host speaks {PROTOCOL_VERSION}: rebuild the image"
+                        )
+                    return hello
+        finally:
+            for fut, rid in waiting.items():
+                self._pending.pop(rid, None)
+                if fut.done() and not fut.cancelled():
+                    fut.exception()  # retrieved: no "never retrieved" noise
+
+    async def close(self) -> None:
+        """Close the connection; pending requests fail with AgentError. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._reader_task.cancel()
+        try:
+            await self._reader_task
+        except (asyncio.CancelledError, Exception):
+            pass
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (OSError, asyncio.CancelledError):
+            pass
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once closed or the connection broke."""
+        return self._closed or self._broken is not None
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _register(self, on_event: _EventCallback | None) -> tuple[int, _Pending]:
+        if self._closed:
+            raise AgentError(f"agent client for {self._label} is closed")
+        if self._broken is not None:
+            raise AgentError(self._broken.message)
+        self._next_id += 1
+        loop = asyncio.get_running_loop()
+        pend = _Pending(loop.create_future(), on_event, loop.time())
+        self._pending[self._next_id] = pend
+        return self._next_id, pend
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except (ConnectionError, OSError) as e:
+            raise AgentError(f"agent connection {self._label} broken: {e}") from None
+
+    async def _read_loop(self) -> None:
+        """Decode frames; route events to callbacks and responses to waiters."""
+        error = AgentError(f"agent client for {self._label} is closed")
+        try:
+            while True:
+                data = await self._reader.read(_READ_BYTES)
+                if not data:
+                    error = AgentError(f"agent connection {self._label} closed by the agent")
+                    return
+                self._decoder.feed(data)
+                while (item := self._decoder.next()) is not None:
+                    if item is SYNC:
+                        continue
+                    assert isinstance(item, dict)
+                    await self._dispatch(parse_reply(item))
+        except ProtocolError as e:
+            error = AgentError(f"agent {self._label} sent a malformed frame: {e}")
+        except (ConnectionError, OSError) as e:
+            error = AgentError(f"agent connection {self._label} broken: {e}")
+        finally:
+            self._broken = error
+            for pend in self._pending.values():
+                if not pend.future.done():
+                    pend.future.set_exception(error)
+
+    async def _dispatch(self, msg: Response | Event) -> None:
+        pend = self._pending.get(msg.id) if msg.id is not None else None
+        if pend is None:
+            if msg.id is None and isinstance(msg, Response) and msg.error is not None:
+                log.warning("agent %s rejected a message: %s", self._label, msg.error.message)
+            return  # stale: a request we gave up on, or from an earlier connection
+        pend.last_activity = asyncio.get_running_loop().time()
+        if pend.future.done():
+            return
+        if isinstance(msg, Response):
+            pend.future.set_result(msg)
+        elif pend.on_event is not None:
+            try:
+                await pend.on_event(msg.kind, msg.data)
+            except Exception as e:  # the caller's sink failed: fail that request only
+                pend.future.set_exception(e)
+
+    async def _call(
+        self,
+        op: Op,
+        args: object,
+        *,
+        on_event: _EventCallback | None = None,
+        timeout: float | None | _Default = _Default.TOKEN,
+        command: str | None = None,
+        exec_timeout: float | None = None,
+    ) -> Response:
+        """Send one request and wait for its final response (raising mapped errors)."""
+        try:
+            frame_args = to_wire(args)
+            rid, pend = self._register(on_event)
+        except ValueError as e:
+            raise InvalidInput(str(e)) from None
+        try:
+            try:
+                frame = encode_frame(request_message(rid, op, frame_args))
+            except ProtocolError as e:
+                raise InvalidInput(f"{op} request too large: {e}") from None
+            await self._send(frame)
+            idle = self._request_timeout if isinstance(timeout, _Default) else timeout
+            resp = await self._wait(op, pend, idle)
+        finally:
+            self._pending.pop(rid, None)
+        if resp.error is not None:
+            raise error_from_agent(op, resp.error, command=command, timeout_s=exec_timeout)
+        return resp
+
+    async def _wait(self, op: Op, pend: _Pending, idle: float | None) -> Response:
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = None if idle is None else pend.last_activity + idle - loop.time()
+            if wait is not None and wait <= 0:
+                raise AgentError(f"agent {self._label} did not answer {op} within {idle:g} s")
+            done, _ = await asyncio.wait({pend.future}, timeout=wait)
+            if done:
+                return pend.future.result()
+
+    @staticmethod
+    def _decode(cls: type[_R], resp: Response) -> _R:
+        try:
+            return from_wire(cls, resp.result, what="result")
+        except ProtocolError as e:
+            raise AgentError(f"agent sent a malformed result: {e}") from None
+
+    async def _simple(self, op: Op, args: object, result: type[_R]) -> _R:
+        return self._decode(result, await self._call(op, args))
+
+    # -- ops ---------------------------------------------------------------------------
+
+    async def hello(self) -> HelloResult:
+        """Ping the agent (no resync). Returns its identity."""
+        return await self._simple(
+            Op.HELLO, HelloArgs(secrets.token_hex(8), PROTOCOL_VERSION), HelloResult
+        )
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run ``command`` (a shell string, or an argv list) to completion.
+
+        ``timeout`` in seconds: past it the agent kills the command's whole process group
+        and this raises CommandTimeout. A non-zero exit is not an error: check
+        ``exit_code`` (128+N and ``signal`` N when killed by a signal). Collected stdout
+        and stderr are capped at 1 MiB each (``truncated``); callbacks see everything.
+        Raises NotFound for a missing command or cwd, InvalidInput for bad arguments.
+        """
+        is_shell = isinstance(command, str)
+        args = _model(
+            ExecArgs,
+            argv=None if is_shell else list(command),
+            shell=command if is_shell else None,
+            cwd=cwd,
+            env=dict(env or {}),
+            stdin=stdin,
+            timeout=timeout,
+            stream=on_stdout is not None or on_stderr is not None,
+        )
+
+        async def on_event(kind: EventKind, data: bytes) -> None:
+            if kind == EventKind.STDOUT and on_stdout is not None:
+                await on_stdout(data)
+            elif kind == EventKind.STDERR and on_stderr is not None:
+                await on_stderr(data)
+
+        shown = command if isinstance(command, str) else shlex.join(command)
+        resp = await self._call(
+            Op.EXEC,
+            args,
+            on_event=on_event,
+            timeout=None if timeout is None else timeout + _EXEC_GRACE_S,
+            command=shown,
+            exec_timeout=timeout,
+        )
+        return self._decode(ExecResult, resp)
+
+    async def spawn(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SpawnResult:
+        """Start ``command`` detached (own session; stdout+stderr to ``log_path``).
+
+        It survives this client, agent restarts, checkpoints, forks and rollbacks.
+        Raises NotFound for a missing command or cwd.
+        """
+        is_shell = isinstance(command, str)
+        args = _model(
+            SpawnArgs,
+            argv=None if is_shell else list(command),
+            shell=command if is_shell else None,
+            cwd=cwd,
+            env=dict(env or {}),
+        )
+        return await self._simple(Op.SPAWN, args, SpawnResult)
+
+    async def read_file(self, path: str) -> bytes:
+        """The whole file (for big files prefer :meth:`read_file_to`).
+
+        Raises NotFound if missing, InvalidInput for a directory or non-regular file.
+        """
+        parts: list[bytes] = []
+
+        async def sink(data: bytes) -> None:
+            parts.append(data)
+
+        await self._read(path, sink)
+        return b"".join(parts)
+
+    async def read_file_to(self, path: str, dest: IO[bytes]) -> int:
+        """Stream the file into ``dest`` chunk by chunk (bounded memory). Returns bytes."""
+
+        async def sink(data: bytes) -> None:
+            dest.write(data)
+
+        return await self._read(path, sink)
+
+    async def _read(self, path: str, sink: Callable[[bytes], Awaitable[None]]) -> int:
+        received = 0
+
+        async def on_event(kind: EventKind, data: bytes) -> None:
+            nonlocal received
+            if kind == EventKind.CHUNK:
+                received += len(data)
+                await sink(data)
+
+        resp = await self._call(Op.READ_FILE, _model(PathArgs, path=path), on_event=on_event)
+        size = self._decode(ReadFileResult, resp).size
+        if size != received:
+            raise AgentError(f"read_file {path}: agent reported {size} bytes, sent {received}")
+        return size
+
+    async def write_file(
+        self,
+        path: str,
+        data: bytes | bytearray | memoryview | IO[bytes],
+        *,
+        mode: int = 0o644,
+        make_parents: bool = True,
+    ) -> int:
+        """Write ``data`` (bytes, or a binary file object read chunk by chunk) to ``path``.
+
+        Atomic: the agent writes a temp file next to ``path`` and renames it on success.
+        Chunks are pipelined, memory stays bounded on both sides. Returns bytes written.
+        Raises InvalidInput if ``path`` is a directory or not absolute.
+        """
+        begin = _model(WriteBeginArgs, path=path, mode=mode, make_parents=make_parents)
+        handle = (await self._simple(Op.WRITE_BEGIN, begin, WriteBeginResult)).handle
+        in_flight: set[asyncio.Task[Response]] = set()
+        size = 0
+        try:
+            for chunk in _chunks(data):
+                chunk_args = WriteChunkArgs(handle=handle, offset=size, data=chunk)
+                in_flight.add(asyncio.create_task(self._call(Op.WRITE_CHUNK, chunk_args)))
+                size += len(chunk)
+                if len(in_flight) >= _UPLOAD_WINDOW:
+                    done, in_flight = await asyncio.wait(
+                        in_flight, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for task in done:
+                        task.result()
+            if in_flight:
+                done, in_flight = await asyncio.wait(in_flight)
+                for task in done:
+                    task.result()
+            commit = WriteCommitArgs(handle=handle, size=size)
+            return (await self._simple(Op.WRITE_COMMIT, commit, WriteCommitResult)).size
+        except BaseException as e:
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            if isinstance(e, Exception) and not self.closed:
+                try:
+                    await self._call(Op.WRITE_ABORT, WriteHandleArgs(handle), timeout=5.0)
+                except ForkpointError:
+                    pass
+            raise
+
+    async def list_dir(self, path: str) -> list[DirEntry]:
+        """Entries of a directory, sorted by name. Raises NotFound / InvalidInput."""
+        return (await self._simple(Op.LIST_DIR, _model(PathArgs, path=path), ListDirResult)).entries
+
+    async def stat(self, path: str, *, follow_symlinks: bool = True) -> StatResult:
+        """Type, size (bytes), mode, mtime (ns), owner. Raises NotFound."""
+        args = _model(StatArgs, path=path, follow_symlinks=follow_symlinks)
+        return await self._simple(Op.STAT, args, StatResult)
+
+    async def remove(self, path: str, *, recursive: bool = True) -> RemoveResult:
+        """Remove a file, symlink or directory tree. Raises NotFound / InvalidInput."""
+        args = _model(RemoveArgs, path=path, recursive=recursive)
+        return await self._simple(Op.REMOVE, args, RemoveResult)
+
+    async def ps(self) -> list[ProcessInfo]:
+        """Processes in the guest (kernel threads left out), by pid."""
+        return (await self._simple(Op.PS, Empty(), PsResult)).processes
+
+    async def kill(self, pid: int, signal: int | str = "TERM", *, group: bool = False) -> None:
+        """Send ``signal`` (number or name like "KILL") to ``pid`` (or its group).
+
+        Raises NotFound if there is no such process, InvalidInput for pid <= 1.
+        """
+        args = _model(KillArgs, pid=pid, signal=_signal_number(signal), group=group)
+        await self._call(Op.KILL, args)
+
+    async def restore_identity(
+        self, time_ns: int, entropy: bytes, hostname: str | None = None
+    ) -> RestoreIdentityResult:
+        """After a restore/fork: set the guest clock to ``time_ns`` (ns since the epoch),
+        mix ``entropy`` (16..4096 bytes) into the kernel RNG and reseed it, and set the
+        hostname. Raises InvalidInput for bad values or if the agent lacks privileges."""
+        args = _model(RestoreIdentityArgs, time_ns=time_ns, entropy=entropy, hostname=hostname)
+        return await self._simple(Op.RESTORE_IDENTITY, args, RestoreIdentityResult)
+
+
+def _chunks(data: bytes | bytearray | memoryview | IO[bytes]) -> Iterator[bytes]:
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            yield bytes(view[start : start + CHUNK_BYTES])
+        return
+    while chunk := data.read(CHUNK_BYTES):
+        yield chunk

@@ -1,0 +1,171 @@
+"""``forkpoint create | ls | show | rm | port``: the lifecycle of sessions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from forkpoint.cli._run import Timer, format_ms, print_ports, print_session, run, spinner
+from forkpoint.cli._run import styled_state as _state
+from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
+
+if TYPE_CHECKING:
+    from forkpoint.runtime import PortInfo, Runtime, Session
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("create")(create_command)
+    app.command("ls")(ls_command)
+    app.command("show")(show_command)
+    app.command("rm")(rm_command)
+    app.command("port")(port_command)
+
+
+@reports_errors
+def create_command(
+    image: Annotated[str, typer.Option("--image", help="Image name (see `image ls`).")] = "default",
+    memory: Annotated[int, typer.Option("--memory", help="Guest RAM, MiB.")] = 512,
+    cpus: Annotated[int, typer.Option("--cpus", help="Virtual CPUs.")] = 1,
+    name: Annotated[
+        str | None, typer.Option("--name", help="A name to use instead of the id.")
+    ] = None,
+    port: Annotated[
+        list[int] | None,
+        typer.Option("--port", help="Guest port to forward to 127.0.0.1 (repeatable)."),
+    ] = None,
+    network: Annotated[
+        str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
+    ] = "user",
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Create a session (a running microVM) from an image.
+
+    The first session of an image boots it once to build its template: that can take
+    minutes under TCG. Every later create forks the template in milliseconds.
+    """
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.create(
+            image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
+            network=network,
+        )  # fmt: skip
+
+    with spinner(f"creating a session from image {image}…"), Timer() as timer:
+        session = run(op)
+    if as_json:
+        emit_json(session.to_dict())
+        return
+    label = f" ({escape(session.name)})" if session.name else ""
+    print_session(
+        session, f"[bold green]created[/] [cyan]{session.id}[/]{label} in {format_ms(timer.ms)}"
+    )
+
+
+@reports_errors
+def ls_command(as_json: bool = JSON_OPTION) -> None:
+    """List sessions."""
+
+    async def op(runtime: Runtime) -> list[Session]:
+        return runtime.list_sessions()
+
+    sessions = run(op)
+    if as_json:
+        emit_json([s.to_dict() for s in sessions])
+        return
+    if not sessions:
+        console.print("no sessions: create one with [bold]forkpoint create[/]")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "IMAGE", "STATE", "CREATED", "FROM"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("PORTS")
+    for s in sessions:
+        table.add_row(
+            s.id,
+            escape(s.name or ""),
+            escape(s.image),
+            _state(s.state),
+            s.created_at,
+            s.parent_checkpoint or "",
+            ", ".join(f"{p.guest_port}→{p.url}" for p in s.ports),
+        )
+    console.print(table, highlight=False)
+
+
+@reports_errors
+def show_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show one session."""
+
+    async def op(runtime: Runtime) -> Session:
+        return runtime.get(session)
+
+    s = run(op)
+    if as_json:
+        emit_json(s.to_dict())
+        return
+    rows = [
+        ("id", s.id),
+        ("name", escape(s.name or "-")),
+        ("state", _state(s.state)),
+        ("image", escape(s.image)),
+        ("created", s.created_at),
+        ("from", s.parent_checkpoint or "-"),
+        ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
+    ]
+    for key, value in rows:
+        console.print(f"[bold]{key:<8}[/] {value}", highlight=False)
+    if s.ports:
+        console.print("[bold]ports[/]", highlight=False)
+        print_ports(s)
+
+
+@reports_errors
+def rm_command(
+    sessions: Annotated[list[str], typer.Argument(help="Session ids or names.")],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Remove sessions: kill their VMs and delete their files.
+
+    Every id is looked up first: if one is unknown, nothing is removed.
+    """
+
+    async def op(runtime: Runtime) -> list[str]:
+        ids = [runtime.get(s).id for s in sessions]  # NotFound before anything changes
+        for session_id in dict.fromkeys(ids):
+            await runtime.remove(session_id)
+        return list(dict.fromkeys(ids))
+
+    with Timer() as timer:
+        removed = run(op)
+    if as_json:
+        emit_json({"removed": removed, "duration_ms": round(timer.ms, 1)})
+        return
+    for session_id in removed:
+        console.print(f"[bold]removed[/] [cyan]{session_id}[/]", highlight=False)
+    console.print(f"[dim]in {format_ms(timer.ms)}[/]", highlight=False)
+
+
+@reports_errors
+def port_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    guest_port: Annotated[int, typer.Argument(help="Port inside the guest (1-65535).")],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Forward a guest port to 127.0.0.1 on the host (idempotent) and print its URL."""
+
+    async def op(runtime: Runtime) -> PortInfo:
+        return await runtime.forward_port(session, guest_port)
+
+    info = run(op)
+    if as_json:
+        emit_json(info.to_dict())
+        return
+    console.print(f"port {info.guest_port} → {info.url}", highlight=False)

@@ -1,0 +1,182 @@
+"""What an image is made of: the :class:`Recipe` and its content hash.
+
+A recipe pins everything that changes the bytes of an image: the Debian suite, the
+packages, the kernel package, the disk size, the guest files baked into the root
+filesystem (hashed by content) and a format version. Two builds of recipes with the
+same :meth:`Recipe.hash` are interchangeable, so the hash names the image on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from forkpoint.errors import InvalidInput, UnknownPackage
+
+__all__ = [
+    "DEFAULT_DISK_SIZE",
+    "DEFAULT_KERNEL_PACKAGE",
+    "DEFAULT_PACKAGES",
+    "FORMAT_VERSION",
+    "Recipe",
+    "guest_files",
+    "guest_files_digest",
+    "host_suite",
+    "parse_packages",
+]
+
+#: Bump when the layout or build steps change in a way the other fields do not capture.
+FORMAT_VERSION = 1
+DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps")
+DEFAULT_KERNEL_PACKAGE = "linux-image-cloud-amd64"
+#: Size of the root filesystem in bytes (2 GiB).
+DEFAULT_DISK_SIZE = 2 * 1024**3
+
+# Debian policy 5.6.1: lowercase letters, digits, + - . ; at least two chars, alnum first.
+_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def host_suite(os_release: Path = Path("/etc/os-release")) -> str:
+    """The host's Debian codename (``VERSION_CODENAME``); ``bookworm`` if it has none."""
+    try:
+        text = os_release.read_text()
+    except OSError:
+        return "bookworm"
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "VERSION_CODENAME" and value.strip():
+            return value.strip().strip("\"'")
+    return "bookworm"
+
+
+def _package_root() -> Path:
+    # Located through the installed package, not the repository, so this works from a
+    # wheel too. ``forkpoint/__init__.py`` is import-free, so this costs nothing.
+    import forkpoint
+
+    return Path(forkpoint.__file__).resolve().parent
+
+
+def guest_files() -> list[tuple[str, Path]]:
+    """The files baked into every guest, as ``(path relative to site-packages, source)``.
+
+    ``forkpoint/__init__.py``, every ``*.py`` under ``forkpoint/protocol/`` and
+    ``forkpoint/guest/``, and ``forkpoint/guest/init.sh``; sorted by relative path.
+    """
+    root = _package_root()
+    found: dict[str, Path] = {"forkpoint/__init__.py": root / "__init__.py"}
+    for sub in ("protocol", "guest"):
+        for path in (root / sub).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            found["forkpoint/" + path.relative_to(root).as_posix()] = path
+    init_sh = root / "guest" / "init.sh"
+    if init_sh.is_file():
+        found["forkpoint/guest/init.sh"] = init_sh
+    return sorted(found.items())
+
+
+def guest_files_digest() -> str:
+    """sha256 (hex) over the relative paths and contents of :func:`guest_files`."""
+    digest = hashlib.sha256()
+    for rel, path in guest_files():
+        digest.update(rel.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
+    return digest.hexdigest()
+
+
+def parse_packages(spec: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Split ``"a,b"`` (or an iterable of such) into valid package names.
+
+    Raises :class:`UnknownPackage` for a name that cannot be a Debian package.
+    """
+    if spec is None:
+        return ()
+    parts = [spec] if isinstance(spec, str) else list(spec)
+    names: list[str] = []
+    for part in parts:
+        for raw in part.split(","):
+            name = raw.strip()
+            if not name:
+                continue
+            if not _PACKAGE_RE.match(name):
+                raise UnknownPackage(name)
+            if name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines an image's bytes. Immutable; build with :meth:`create`.
+
+    ``disk_size`` is in bytes. ``guest_digest`` is :func:`guest_files_digest` at the time
+    the recipe was made, so editing the agent yields a new hash (and a rebuild).
+    """
+
+    name: str = "default"
+    suite: str = field(default_factory=host_suite)
+    packages: tuple[str, ...] = DEFAULT_PACKAGES
+    kernel_package: str = DEFAULT_KERNEL_PACKAGE
+    disk_size: int = DEFAULT_DISK_SIZE
+    guest_digest: str = field(default_factory=guest_files_digest)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name) or self.name in {"names"}:
+            raise InvalidInput(
+                f"invalid image name {self.name!r}: use letters, digits, '_', '.', '-'"
+            )
+        for package in (*self.packages, self.kernel_package):
+            if not _PACKAGE_RE.match(package):
+                raise UnknownPackage(package)
+        if self.disk_size < 64 * 1024**2:
+            raise InvalidInput(f"disk size too small: {self.disk_size} bytes (min 64 MiB)")
+
+    @classmethod
+    def create(
+        cls,
+        name: str = "default",
+        packages: str | Iterable[str] | None = None,
+        *,
+        suite: str | None = None,
+    ) -> Recipe:
+        """The default recipe, named ``name``, plus the extra ``packages`` (``"a,b"``)."""
+        extra = parse_packages(packages)
+        merged = DEFAULT_PACKAGES + tuple(p for p in extra if p not in DEFAULT_PACKAGES)
+        return cls(name=name, suite=suite or host_suite(), packages=merged)
+
+    def with_packages(self, packages: str | Iterable[str]) -> Recipe:
+        """A copy with ``packages`` added (order kept, duplicates dropped)."""
+        extra = parse_packages(packages)
+        return replace(
+            self, packages=self.packages + tuple(p for p in extra if p not in self.packages)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["packages"] = list(self.packages)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        return cls(
+            name=str(data["name"]),
+            suite=str(data["suite"]),
+            packages=tuple(str(p) for p in data["packages"]),
+            kernel_package=str(data["kernel_package"]),
+            disk_size=int(data["disk_size"]),
+            guest_digest=str(data["guest_digest"]),
+            format_version=int(data["format_version"]),
+        )
+
+    def hash(self) -> str:
+        """Short (16 hex chars) sha256 of the recipe as canonical JSON."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

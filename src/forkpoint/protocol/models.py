@@ -1,0 +1,404 @@
+"""Typed args and results of every op, shared by the host client and the guest agent.
+
+Units: times in ns or ms as named, timeouts in seconds, sizes in bytes, modes as ints.
+Validation lives in ``__post_init__`` (raising ValueError, which decoding turns into
+BadArguments) so both sides refuse the same things.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+__all__ = [
+    "CHUNK_BYTES",
+    "EXEC_MAX_OUTPUT_BYTES",
+    "OPS",
+    "DirEntry",
+    "Empty",
+    "ExecArgs",
+    "ExecResult",
+    "HelloArgs",
+    "HelloResult",
+    "KillArgs",
+    "ListDirArgs",
+    "ListDirResult",
+    "Op",
+    "PathArgs",
+    "ProcessInfo",
+    "PsResult",
+    "ReadFileArgs",
+    "ReadFileResult",
+    "RemoveArgs",
+    "RemoveResult",
+    "RestoreIdentityArgs",
+    "RestoreIdentityResult",
+    "SpawnArgs",
+    "SpawnResult",
+    "StatArgs",
+    "StatResult",
+    "WriteBeginArgs",
+    "WriteBeginResult",
+    "WriteChunkArgs",
+    "WriteChunkResult",
+    "WriteCommitArgs",
+    "WriteCommitResult",
+    "WriteHandleArgs",
+]
+
+CHUNK_BYTES: Final = 256 * 1024  # file data per chunk event / write_chunk request
+EXEC_MAX_OUTPUT_BYTES: Final = 1024 * 1024  # collected stdout (and stderr) cap per exec
+MAX_ENTROPY_BYTES: Final = 4096
+_HOSTNAME_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*$")
+_MIN_TIME_NS = 946_684_800 * 10**9  # 2000-01-01: anything earlier is a bug on the host
+_MAX_TIME_NS = 7_258_118_400 * 10**9  # 2200-01-01
+
+
+class Op(StrEnum):
+    HELLO = "hello"
+    EXEC = "exec"
+    SPAWN = "spawn"
+    READ_FILE = "read_file"
+    WRITE_BEGIN = "write_begin"
+    WRITE_CHUNK = "write_chunk"
+    WRITE_COMMIT = "write_commit"
+    WRITE_ABORT = "write_abort"
+    LIST_DIR = "list_dir"
+    STAT = "stat"
+    REMOVE = "remove"
+    PS = "ps"
+    KILL = "kill"
+    RESTORE_IDENTITY = "restore_identity"
+
+
+def _check_path(path: str, what: str = "path") -> None:
+    if not path.startswith("/"):
+        raise ValueError(f"{what} must be absolute: {path!r}")
+    if "\x00" in path:
+        raise ValueError(f"{what} must not contain NUL bytes")
+    if len(path) > 4096:
+        raise ValueError(f"{what} is longer than 4096 characters")
+
+
+def _check_command(argv: list[str] | None, shell: str | None) -> None:
+    if (argv is None) == (shell is None):
+        raise ValueError("give exactly one of argv (list) or shell (string)")
+    if argv is not None and not argv:
+        raise ValueError("argv must not be empty")
+    for s in [*(argv or []), shell or ""]:
+        if "\x00" in s:
+            raise ValueError("command must not contain NUL bytes")
+
+
+def _check_env(env: dict[str, str]) -> None:
+    for k, v in env.items():
+        if not k or "=" in k or "\x00" in k or "\x00" in v:
+            raise ValueError(f"invalid environment variable name or value: {k!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Empty:
+    """Args or result of ops that carry nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class HelloArgs:
+    nonce: str
+    protocol_version: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.nonce) <= 128:
+            raise ValueError("nonce must be 1..128 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class HelloResult:
+    nonce: str
+    protocol_version: int
+    pid: int
+    hostname: str
+    boot_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExecArgs:
+    """Run a command to completion. ``timeout`` in seconds (None: no limit)."""
+
+    argv: list[str] | None = None
+    shell: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    timeout: float | None = None
+    stream: bool = False  # send stdout/stderr events while running
+    max_output: int = EXEC_MAX_OUTPUT_BYTES
+
+    def __post_init__(self) -> None:
+        _check_command(self.argv, self.shell)
+        if self.cwd is not None:
+            _check_path(self.cwd, "cwd")
+        _check_env(self.env)
+        if self.timeout is not None and not 0 < self.timeout <= 7 * 86400:
+            raise ValueError("timeout must be > 0 and at most 7 days (seconds)")
+        if not 0 <= self.max_output <= EXEC_MAX_OUTPUT_BYTES:
+            raise ValueError(f"max_output must be 0..{EXEC_MAX_OUTPUT_BYTES} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """``exit_code`` is 128+signal when killed by a signal (then ``signal`` is set).
+
+    ``stdout``/``stderr`` hold at most ``max_output`` bytes each; ``truncated`` says
+    whether more was produced (all of it was still streamed).
+    """
+
+    exit_code: int
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    duration_ms: float
+    pid: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnArgs:
+    """Start a detached background command (own session, output to a log file)."""
+
+    argv: list[str] | None = None
+    shell: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_command(self.argv, self.shell)
+        if self.cwd is not None:
+            _check_path(self.cwd, "cwd")
+        _check_env(self.env)
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnResult:
+    pid: int
+    log_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class PathArgs:
+    path: str
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+
+
+ReadFileArgs = PathArgs
+ListDirArgs = PathArgs
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFileResult:
+    """Sent after the file's bytes went out as ``chunk`` events."""
+
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBeginArgs:
+    """Open an upload: data goes to a temp file next to ``path``, renamed on commit."""
+
+    path: str
+    mode: int = 0o644
+    make_parents: bool = True
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+        if not 0 <= self.mode <= 0o7777:
+            raise ValueError("mode must be between 0 and 0o7777")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBeginResult:
+    handle: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriteChunkArgs:
+    """Write ``data`` at byte ``offset`` (chunks may arrive in any order)."""
+
+    handle: str
+    offset: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if self.offset < 0:
+            raise ValueError("offset must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteChunkResult:
+    written: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCommitArgs:
+    """Check the size (bytes), set the mode and rename into place."""
+
+    handle: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCommitResult:
+    path: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteHandleArgs:
+    handle: str
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """``type``: file, dir, symlink or other. ``mtime_ns`` in ns since the epoch."""
+
+    name: str
+    type: str
+    size: int
+    mode: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListDirResult:
+    entries: list[DirEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class StatArgs:
+    path: str
+    follow_symlinks: bool = True
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class StatResult:
+    path: str
+    type: str
+    size: int
+    mode: int
+    mtime_ns: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveArgs:
+    """Remove a file, symlink or directory (a non-empty one only with ``recursive``)."""
+
+    path: str
+    recursive: bool = True
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+        if self.path.rstrip("/") == "":
+            raise ValueError("refusing to remove /")
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveResult:
+    path: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    pid: int
+    ppid: int
+    cmd: str
+
+
+@dataclass(frozen=True, slots=True)
+class PsResult:
+    processes: list[ProcessInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class KillArgs:
+    """Send signal number ``signal`` to ``pid`` (to its process group with ``group``)."""
+
+    pid: int
+    signal: int = 15
+    group: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pid <= 1:
+            raise ValueError("pid must be > 1 (refusing to signal init or a process group)")
+        if not 0 <= self.signal <= 64:
+            raise ValueError("signal must be 0..64")
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreIdentityArgs:
+    """Fresh identity after a restore: wall clock (ns since the epoch), entropy, hostname."""
+
+    time_ns: int
+    entropy: bytes
+    hostname: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _MIN_TIME_NS <= self.time_ns <= _MAX_TIME_NS:
+            raise ValueError("time_ns must be ns since the epoch between 2000 and 2200")
+        if not 16 <= len(self.entropy) <= MAX_ENTROPY_BYTES:
+            raise ValueError(f"entropy must be 16..{MAX_ENTROPY_BYTES} bytes")
+        if self.hostname is not None and (
+            len(self.hostname) > 64 or not _HOSTNAME_RE.match(self.hostname)
+        ):
+            raise ValueError(f"invalid hostname: {self.hostname!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreIdentityResult:
+    """``clock_delta_ns``: new minus old wall clock. ``dry_run``: validated only."""
+
+    clock_set: bool
+    clock_delta_ns: int
+    entropy_bytes: int
+    reseeded: bool
+    hostname: str | None
+    dry_run: bool
+
+
+OPS: Final[dict[Op, tuple[type, type]]] = {
+    Op.HELLO: (HelloArgs, HelloResult),
+    Op.EXEC: (ExecArgs, ExecResult),
+    Op.SPAWN: (SpawnArgs, SpawnResult),
+    Op.READ_FILE: (PathArgs, ReadFileResult),
+    Op.WRITE_BEGIN: (WriteBeginArgs, WriteBeginResult),
+    Op.WRITE_CHUNK: (WriteChunkArgs, WriteChunkResult),
+    Op.WRITE_COMMIT: (WriteCommitArgs, WriteCommitResult),
+    Op.WRITE_ABORT: (WriteHandleArgs, Empty),
+    Op.LIST_DIR: (PathArgs, ListDirResult),
+    Op.STAT: (StatArgs, StatResult),
+    Op.REMOVE: (RemoveArgs, RemoveResult),
+    Op.PS: (Empty, PsResult),
+    Op.KILL: (KillArgs, Empty),
+    Op.RESTORE_IDENTITY: (RestoreIdentityArgs, RestoreIdentityResult),
+}
+"""Args and result model of each op."""
