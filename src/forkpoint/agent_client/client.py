@@ -78,7 +78,8 @@ _READ_BYTES: Final = 256 * 1024
 _CONNECT_RETRY_S: Final = 0.01
 # A hello may be lost (e.g. sent before a restore completed): resend, backing off so a
 # slow (TCG) agent is not made to drop answers it is about to send.
-_HELLO_RESEND_S: Final = (0.5, 1.0, 2.0)
+# Short first: right after a restore the guest may miss the first hello.
+_HELLO_RESEND_S: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
 _UPLOAD_WINDOW: Final = 4  # write_chunk requests in flight per upload
 _EXEC_GRACE_S: Final = 30.0  # beyond an exec's own timeout, for kill + reply
 
@@ -237,7 +238,9 @@ class AgentClient:
                 attempt += 1
                 done, _ = await asyncio.wait(
                     set(waiting),
-                    timeout=min(_HELLO_RESEND_S[min(attempt, 2)], deadline - now),
+                    timeout=min(
+                        _HELLO_RESEND_S[min(attempt, len(_HELLO_RESEND_S)) - 1], deadline - now
+                    ),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 for fut in done:

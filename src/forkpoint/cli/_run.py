@@ -10,9 +10,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
+from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 
 from forkpoint.cli.output import console, err_console
 from forkpoint.errors import InvalidInput
@@ -27,7 +31,9 @@ __all__ = [
     "parse_env",
     "print_ports",
     "print_session",
+    "print_table",
     "run",
+    "short_time",
     "spinner",
     "styled_state",
 ]
@@ -74,6 +80,26 @@ class Timer:
         self.ms = (time.perf_counter() - self._started) * 1000
 
 
+def print_table(table: Table) -> None:
+    """Print a table without truncating ids: off a terminal (pipes, logs) rich would
+    squeeze it into 80 columns, so print it at its natural width there."""
+    if console.is_terminal:
+        console.print(table, highlight=False)
+        return
+    natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    wide = Console(file=console.file, width=max(console.width, natural), highlight=False)
+    wide.print(table)
+
+
+def short_time(iso: str) -> str:
+    """``2026-12-02T12:17:28.523Z`` → ``12-02 12:17:28`` in local time (as given if odd)."""
+    try:
+        moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return iso
+    return moment.astimezone().strftime("%m-%d %H:%M:%S")
+
+
 def format_ms(ms: float) -> str:
     """``95 ms`` below 10 s, else ``12.3 s``."""
     return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
@@ -105,12 +131,13 @@ def print_ports(session: Session, indent: str = "  ") -> None:
         console.print(
             f"{indent}port {port.guest_port} → [link={port.url}]{port.url}[/link]",
             highlight=False,
+            soft_wrap=True,
         )
 
 
 def print_session(session: Session, headline: str) -> None:
     """``headline`` then the session's forwarded URLs (create, fork, rollback)."""
-    console.print(headline, highlight=False)
+    console.print(headline, highlight=False, soft_wrap=True)
     print_ports(session)
 
 

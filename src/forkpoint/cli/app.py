@@ -17,10 +17,16 @@ app = typer.Typer(
 
 def _register_all() -> None:
     # Imported here so each area's module stays independent of the others.
-    from forkpoint.cli import browser, images
+    from forkpoint.cli import bench, browser, checkpoints, demo, guest, images, serve, sessions
 
     images.register(app)
     browser.register(app)
+    serve.register(app)
+    sessions.register(app)
+    guest.register(app)
+    checkpoints.register(app)
+    demo.register(app)
+    bench.register(app)
 
 
 def main() -> None:

@@ -25,8 +25,9 @@ __all__ = ["JSON_OPTION", "console", "emit_json", "err_console", "fail", "report
 P = ParamSpec("P")
 R = TypeVar("R")
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a message line stays one line (ids and URLs never broken); tables still fit.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON.")
 

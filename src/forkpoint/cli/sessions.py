@@ -8,7 +8,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from forkpoint.cli._run import Timer, format_ms, print_ports, print_session, run, spinner
+from forkpoint.cli._run import (
+    Timer,
+    format_ms,
+    print_ports,
+    print_session,
+    print_table,
+    run,
+    short_time,
+    spinner,
+)
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 
@@ -90,11 +99,11 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
             escape(s.name or ""),
             escape(s.image),
             _state(s.state),
-            s.created_at,
+            short_time(s.created_at),
             s.parent_checkpoint or "",
             ", ".join(f"{p.guest_port}→{p.url}" for p in s.ports),
         )
-    console.print(table, highlight=False)
+    print_table(table)
 
 
 @reports_errors
@@ -116,7 +125,7 @@ def show_command(
         ("name", escape(s.name or "-")),
         ("state", _state(s.state)),
         ("image", escape(s.image)),
-        ("created", s.created_at),
+        ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
     ]
@@ -148,9 +157,8 @@ def rm_command(
     if as_json:
         emit_json({"removed": removed, "duration_ms": round(timer.ms, 1)})
         return
-    for session_id in removed:
-        console.print(f"[bold]removed[/] [cyan]{session_id}[/]", highlight=False)
-    console.print(f"[dim]in {format_ms(timer.ms)}[/]", highlight=False)
+    shown = ", ".join(f"[cyan]{session_id}[/]" for session_id in removed)
+    console.print(f"[bold]removed[/] {shown} in {format_ms(timer.ms)}", highlight=False)
 
 
 @reports_errors

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: Bump when the layout or build steps change in a way the other fields do not capture.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps")
 DEFAULT_KERNEL_PACKAGE = "linux-image-cloud-amd64"
 #: Size of the root filesystem in bytes (2 GiB).

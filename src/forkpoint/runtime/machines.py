@@ -30,7 +30,7 @@ __all__ = [
     "start_restored",
 ]
 
-AGENT_READY_TIMEOUT_S = 20.0
+AGENT_READY_TIMEOUT_S = 60.0  # a loaded 2-core TCG host can take this long
 
 
 def new_layer_name() -> str:

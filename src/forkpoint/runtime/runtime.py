@@ -40,6 +40,7 @@ from forkpoint.store import (
     global_lock_async,
     new_checkpoint_id,
     session_lock_async,
+    validate_name,
 )
 from forkpoint.vm import (
     BootFiles,
@@ -293,6 +294,9 @@ class Runtime:
             session keeps running and no checkpoint is recorded).
         """
         record = self.store.get_session(session)
+        validate_name(name, "checkpoint")
+        if name is not None and self._checkpoint_named(name):
+            raise Conflict(f"checkpoint name {name!r} is already taken")
         async with session_lock_async(self.home, record.id):
             record = self._require_running(self.store.get_session(record.id))
             image = get_image(record.image_hash)
@@ -300,8 +304,10 @@ class Runtime:
             files = self.files(record.id)
             machine = await Machine.adopt(files, record.qemu_pid or 0)
             try:
+                await machine.resume_if_paused()
+                layer = await self._sync_disk_layer(machine, record)
                 created = await self._write_checkpoint(
-                    machine, files, record.generation, record.disk_layer,
+                    machine, files, record.generation, layer,
                     session_id=record.id, name=name, kind=CheckpointKind.USER, image=image,
                     shape=shape, parent=record.parent_checkpoint,
                     guest_ports=[p.guest_port for p in record.ports],
@@ -370,6 +376,24 @@ class Runtime:
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
             raise
+
+    async def _sync_disk_layer(self, machine: Machine, record: SessionRecord) -> str:
+        """The layer the VM really writes to. A forkpoint process killed between QEMU's
+        disk snapshot and its store update leaves the VM on a layer the store has not
+        recorded yet (stacked on the recorded one): adopt it."""
+        active = (await machine.active_disk()).name
+        if active != record.disk_layer:
+            with self.store.transaction():
+                self.store.insert_layer(active, backing=record.disk_layer)
+                self.store.update_session(record.id, disk_layer=active)
+        return active
+
+    def _checkpoint_named(self, name: str) -> bool:
+        try:
+            self.store.get_checkpoint(name)
+        except NotFound:
+            return False
+        return True
 
     async def remove_checkpoint(self, checkpoint: str) -> None:
         """Delete a checkpoint. :raises InUse: sessions or checkpoints depend on it."""
@@ -537,6 +561,13 @@ class Runtime:
         """A connected agent client for a running session (one at a time per session)."""
         record = self._require_running(self.store.get_session(session))
         files = self.files(record.id)
+        async with session_lock_async(self.home, record.id):
+            # A forkpoint process killed mid-checkpoint leaves the VM paused: resume it.
+            machine = await Machine.adopt(files, record.qemu_pid or 0)
+            try:
+                await machine.resume_if_paused()
+            finally:
+                await machine.close()
         async with global_lock_async(self.home, f"agent-{record.id}", timeout_s=600):
             client = await AgentClient.connect(files.agent_socket, timeout=AGENT_READY_TIMEOUT_S)
             async with client:

@@ -26,6 +26,7 @@ from forkpoint.store.models import (
     new_checkpoint_id,
     new_session_id,
     utc_now,
+    validate_name,
 )
 from forkpoint.store.schema import SCHEMA_VERSION
 
@@ -49,4 +50,5 @@ __all__ = [
     "session_lock",
     "session_lock_async",
     "utc_now",
+    "validate_name",
 ]

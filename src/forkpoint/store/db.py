@@ -426,10 +426,10 @@ class Store:
     def checkpoint_dependents(self, checkpoint_id: str) -> list[str]:
         """Ids of the sessions and checkpoints that still need this checkpoint, sorted.
 
-        That is: sessions started from it (``parent_checkpoint``: their RAM may map its
-        memory file; it is their rollback target), checkpoints taken after it, and every
-        session or checkpoint whose disk chain runs through its frozen layer (even after
-        a rollback changed ``parent_checkpoint``).
+        That is: sessions started from (or last rolled back to) it — it is their default
+        rollback target — and checkpoints descending from it (their lineage). Disk layers
+        are not a reason: a frozen layer outlives its checkpoint for as long as any layer
+        stacked on it exists (see :meth:`unreferenced_layers`).
 
         Raises:
             NotFound: unknown checkpoint.
@@ -438,19 +438,12 @@ class Store:
             ck = self.get_checkpoint(checkpoint_id)
             rows = conn.execute(
                 """
-                WITH RECURSIVE above(name) AS (
-                    SELECT :layer
-                    UNION SELECT layers.name FROM layers JOIN above ON layers.backing = above.name
-                )
-                SELECT id FROM sessions
-                 WHERE parent_checkpoint = :ck OR disk_layer IN (SELECT name FROM above)
+                SELECT id FROM sessions WHERE parent_checkpoint = :ck
                 UNION
-                SELECT id FROM checkpoints
-                 WHERE id != :ck
-                   AND (parent_checkpoint = :ck OR disk_layer IN (SELECT name FROM above))
+                SELECT id FROM checkpoints WHERE id != :ck AND parent_checkpoint = :ck
                 ORDER BY id
                 """,
-                {"layer": ck.disk_layer, "ck": ck.id},
+                {"ck": ck.id},
             ).fetchall()
             return [row[0] for row in rows]
 

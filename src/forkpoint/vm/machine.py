@@ -123,6 +123,18 @@ class Machine:
         """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
         await self._qmp.run("announce-self", initial=0, max=0, rounds=1, step=0)
 
+    async def active_disk(self) -> Path:
+        """The qcow2 file the VM writes to now (QEMU's view is the truth)."""
+        for block in await self._qmp.run("query-block"):
+            if block.get("device") == "d0" and "inserted" in block:
+                return Path(block["inserted"]["file"])
+        raise QemuError(f"{self.files.name}: disk d0 not found")
+
+    async def resume_if_paused(self) -> None:
+        """Resume a VM left paused (e.g. by a process killed in the middle of a checkpoint)."""
+        if await self.status() in ("paused", "postmigrate"):
+            await self._qmp.run("cont")
+
     async def status(self) -> str:
         result = await self._qmp.run("query-status")
         return str(result["status"])
@@ -194,6 +206,24 @@ class Machine:
             ram_bytes=ram_bytes,
             state_bytes=state_dest.stat().st_size,
         )
+
+    async def save_state(self, dest: Path) -> float:
+        """Pause, migrate the whole VM state into ``dest``, resume; returns milliseconds.
+
+        Unlike :meth:`checkpoint` this freezes no disk layer and copies no RAM file: RAM
+        that is not a shared file goes through migration (the naive full-RAM baseline).
+        :raises QemuError: QEMU's own error text plus the log tail.
+        """
+        started = time.perf_counter()
+        await self._qmp.run("stop")
+        try:
+            await self._save_device_state(dest)
+        except QemuError as error:
+            raise QemuError(error.message, log_tail=self.files.log_tail()) from None
+        finally:
+            with contextlib.suppress(QemuError):
+                await self._qmp.run("cont")
+        return (time.perf_counter() - started) * 1000
 
     async def _save_device_state(self, dest: Path) -> None:
         # fd: migration works on every QEMU (file: needs 8.2) and needs no spawn, which

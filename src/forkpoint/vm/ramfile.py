@@ -11,11 +11,14 @@ fork or rollback starts with a sparse copy of the checkpoint's RAM file.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["allocated_bytes", "create_sparse", "data_extents", "sparse_copy"]
+
+_CHUNK = 8 << 20  # bytes per read/write when copy_file_range cannot be used
 
 
 def data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
@@ -49,13 +52,31 @@ def sparse_copy(src: Path, dst: Path) -> int:
         size = os.fstat(fin.fileno()).st_size
         fout.truncate(size)
         for start, length in data_extents(fin.fileno(), size):
-            done = 0
-            while done < length:
-                n = os.copy_file_range(
-                    fin.fileno(), fout.fileno(), length - done, start + done, start + done
-                )
-                if n == 0:
-                    break
-                done += n
-            copied += done
+            _copy_range(fin.fileno(), fout.fileno(), start, length)
+            copied += length
     return copied
+
+
+def _copy_range(fd_in: int, fd_out: int, offset: int, length: int) -> None:
+    done = 0
+    while done < length:
+        try:
+            n = os.copy_file_range(fd_in, fd_out, length - done, offset + done, offset + done)
+        except OSError as error:
+            if error.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            n = 0  # across filesystems on older kernels: copy through userspace
+        if n == 0:
+            _pread_pwrite(fd_in, fd_out, offset + done, length - done)
+            return
+        done += n
+
+
+def _pread_pwrite(fd_in: int, fd_out: int, offset: int, length: int) -> None:
+    end = offset + length
+    while offset < end:
+        data = os.pread(fd_in, min(_CHUNK, end - offset), offset)
+        if not data:
+            return
+        os.pwrite(fd_out, data, offset)
+        offset += len(data)

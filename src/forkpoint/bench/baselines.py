@@ -1,0 +1,197 @@
+"""What forkpoint is compared with, measured on the same host in the same run.
+
+- ``cold_boot_create``: a session-equivalent VM booted from the kernel until its agent
+  answers (what creating a session costs without a template).
+- ``full_ram_checkpoint`` / ``full_ram_restore``: the straightforward implementation —
+  guest RAM is private memory, so migration streams *all* of it into the state file and
+  back out of it on restore.
+- ``qemu_start_floor``: QEMU process start until its monitor answers (no guest code).
+- ``ram_copy_floor``: a sparse copy of a checkpoint's RAM file (the bytes a fork copies).
+
+Every VM here lives under a scratch directory the caller owns and deletes; none of them
+is a session in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkpoint.agent_client import AgentClient
+from forkpoint.images import Image
+from forkpoint.vm import (
+    BootFiles,
+    Machine,
+    MachineShape,
+    QemuBuild,
+    RamFile,
+    VmFiles,
+    create_overlay,
+    create_sparse,
+    sparse_copy,
+)
+
+__all__ = ["Baselines", "CheckpointFiles"]
+
+_COLD_BOOT_TIMEOUT_S = 120.0
+_RESTORE_AGENT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """The files of a forkpoint checkpoint a baseline starts from."""
+
+    ram: Path
+    state: Path
+    disk: Path  # its frozen disk layer (only ever used as a backing file)
+
+
+class Baselines:
+    """Runs baseline measurements; each returns samples in milliseconds.
+
+    ``scratch`` must be on the same filesystem as the checkpoints (a fair RAM copy) and is
+    the caller's to delete; VMs started here are killed before each method returns.
+    """
+
+    def __init__(
+        self,
+        build: QemuBuild,
+        shape: MachineShape,
+        boot: BootFiles,
+        image: Image,
+        scratch: Path,
+        log: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.build = build
+        self.shape = shape
+        self.boot = boot
+        self.image = image
+        self.scratch = scratch
+        self.log = log
+        self._token = uuid.uuid4().hex[:8]
+        self._count = 0
+        self.full_ram_state_bytes = 0
+
+    def _files(self) -> VmFiles:
+        self._count += 1
+        directory = self.scratch / f"vm-{self._count}"
+        return VmFiles(directory, f"forkpoint-bench-{self._token}-{self._count}").ensure()
+
+    @staticmethod
+    def _discard(files: VmFiles) -> None:
+        shutil.rmtree(files.dir, ignore_errors=True)
+        shutil.rmtree(files.sock_dir, ignore_errors=True)
+
+    async def cold_boot_create(self, reps: int) -> list[float]:
+        """Overlay on the image's root disk + empty RAM file + boot until the agent answers."""
+        samples = []
+        for i in range(reps):
+            files = self._files()
+            started = time.perf_counter()
+            disk = files.dir / "disk.qcow2"
+            await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
+            create_sparse(files.ram(0), self.shape.memory_mib << 20)
+            machine = await Machine.start(
+                self.build, self.shape, self.boot, files, disk, RamFile(files.ram(0), True)
+            )
+            try:
+                await _agent_hello(files, _COLD_BOOT_TIMEOUT_S)
+                samples.append((time.perf_counter() - started) * 1000)
+            finally:
+                await machine.kill()
+                self._discard(files)
+            self.log(f"cold boot {i + 1}/{reps}: {samples[-1]:.0f} ms")
+        return samples
+
+    async def qemu_start_floor(self, reps: int) -> list[float]:
+        """QEMU exec until QMP is ready and migration is configured (cold, no restore)."""
+        samples = []
+        for _ in range(reps):
+            files = self._files()
+            disk = files.dir / "disk.qcow2"
+            await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
+            create_sparse(files.ram(0), self.shape.memory_mib << 20)
+            started = time.perf_counter()
+            machine = await Machine.start(
+                self.build, self.shape, self.boot, files, disk, RamFile(files.ram(0), True)
+            )
+            samples.append((time.perf_counter() - started) * 1000)
+            await machine.kill()
+            self._discard(files)
+        return samples
+
+    async def ram_copy_floor(self, checkpoint: CheckpointFiles, reps: int) -> list[float]:
+        """A sparse copy of the checkpoint's RAM file (what every fork copies)."""
+        samples = []
+        dest = self.scratch / "ram-copy"
+        for _ in range(reps):
+            dest.unlink(missing_ok=True)
+            started = time.perf_counter()
+            await asyncio.to_thread(sparse_copy, checkpoint.ram, dest)
+            samples.append((time.perf_counter() - started) * 1000)
+            dest.unlink(missing_ok=True)
+        return samples
+
+    async def full_ram(
+        self, checkpoint: CheckpointFiles, reps: int
+    ) -> tuple[list[float], list[float]]:
+        """``(checkpoint samples, restore samples)`` of the naive full-RAM design.
+
+        The same guest state as ``checkpoint`` (e.g. a running web server) is first
+        restored into a VM whose RAM is private memory; it is then saved through migration
+        (all RAM in the state file) ``reps`` times, and each state file is restored into a
+        fresh private-RAM VM, timed until its agent answers.
+        """
+        source = self._files()
+        disk = source.dir / "disk.qcow2"
+        await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
+        await asyncio.to_thread(sparse_copy, checkpoint.ram, source.ram(0))
+        machine = await Machine.start(
+            self.build, self.shape, self.boot, source, disk, RamFile(source.ram(0), False),
+            state=checkpoint.state,
+        )  # fmt: skip
+        saves: list[float] = []
+        states: list[Path] = []
+        try:
+            await _agent_hello(source, _RESTORE_AGENT_TIMEOUT_S)
+            for i in range(reps):
+                state = self.scratch / f"full-ram-{i}.state"
+                saves.append(await machine.save_state(state))
+                states.append(state)
+                self.full_ram_state_bytes = state.stat().st_size
+        finally:
+            await machine.kill()
+            self._discard(source)
+        restores: list[float] = []
+        try:
+            for state in states:
+                files = self._files()
+                disk = files.dir / "disk.qcow2"
+                await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
+                create_sparse(files.ram(0), self.shape.memory_mib << 20)
+                started = time.perf_counter()
+                restored = await Machine.start(
+                    self.build, self.shape, self.boot, files, disk,
+                    RamFile(files.ram(0), False), state=state,
+                )  # fmt: skip
+                try:
+                    await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)
+                    restores.append((time.perf_counter() - started) * 1000)
+                finally:
+                    await restored.kill()
+                    self._discard(files)
+        finally:
+            for state in states:
+                state.unlink(missing_ok=True)
+        return saves, restores
+
+
+async def _agent_hello(files: VmFiles, timeout_s: float) -> None:
+    agent = await AgentClient.connect(files.agent_socket, timeout=timeout_s)
+    async with agent:
+        await agent.hello()

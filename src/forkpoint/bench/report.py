@@ -1,0 +1,238 @@
+"""The benchmark's result document (``bench.json``) and its Markdown rendering.
+
+``bench.json``::
+
+    ops        {create, checkpoint, fork1, fork3, fork20, rollback}:
+               {p50_ms, p95_ms, n, target_ms, meets_target}
+    baselines  {cold_boot_create, full_ram_checkpoint, full_ram_restore,
+                qemu_start_floor, ram_copy_floor}: {p50_ms, p95_ms, n}
+    memory     {fork20_total_mib, method, target_mib, meets_target}
+    scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, checkpoint_mib}]
+    host       {cpus, accel, qemu_version}
+    targets    {create, checkpoint, fork3, rollback, fork20: ms; fork20_memory_mib: MiB}
+    fork20_serving  forks (of the fork20 run with the fewest) that served HTTP
+    fork_failures   forks that failed to start over the whole run (0 on a healthy host)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .stats import Summary
+
+__all__ = [
+    "OP_BASELINE",
+    "TARGETS",
+    "baseline_comparison",
+    "build_result",
+    "op_rows",
+    "render_markdown",
+    "write_report",
+]
+
+# DESIGN.md "Performance targets": medians in ms (memory in MiB).
+TARGETS: dict[str, int] = {
+    "create": 150,
+    "checkpoint": 150,
+    "fork3": 250,
+    "rollback": 150,
+    "fork20": 2000,
+    "fork20_memory_mib": 3072,
+}
+
+OPS = ("create", "checkpoint", "fork1", "fork3", "fork20", "rollback")
+BASELINES = (
+    "cold_boot_create",
+    "full_ram_checkpoint",
+    "full_ram_restore",
+    "qemu_start_floor",
+    "ram_copy_floor",
+)
+
+# Which baseline each operation is compared with, and how many VMs it starts: a fork of
+# n is compared per VM with one naive restore.
+OP_BASELINE: dict[str, tuple[str, int]] = {
+    "create": ("cold_boot_create", 1),
+    "checkpoint": ("full_ram_checkpoint", 1),
+    "fork1": ("full_ram_restore", 1),
+    "fork3": ("full_ram_restore", 3),
+    "fork20": ("full_ram_restore", 20),
+    "rollback": ("full_ram_restore", 1),
+}
+
+_BASELINE_LABEL = {
+    "cold_boot_create": "cold boot",
+    "full_ram_checkpoint": "full-RAM save",
+    "full_ram_restore": "full-RAM restore",
+    "qemu_start_floor": "QEMU start",
+    "ram_copy_floor": "RAM file copy",
+}
+
+
+def build_result(
+    *,
+    ops: Mapping[str, Summary],
+    baselines: Mapping[str, Summary],
+    memory: Mapping[str, Any],
+    scaling: Sequence[Mapping[str, Any]],
+    host: Mapping[str, Any],
+    fork20_serving: int,
+    fork_wide: int = 20,
+    fork_failures: int = 0,
+    quick: bool = False,
+    wall_s: float | None = None,
+) -> dict[str, Any]:
+    """Assemble ``bench.json`` and judge every operation against its target."""
+    op_out: dict[str, Any] = {}
+    for name in OPS:
+        summary: dict[str, Any] = dict(ops[name])
+        target = TARGETS.get(name)
+        summary["target_ms"] = target
+        summary["meets_target"] = None if target is None else summary["p50_ms"] <= target
+        op_out[name] = summary
+    mem = dict(memory)
+    mem["target_mib"] = TARGETS["fork20_memory_mib"]
+    total = mem.get("fork20_total_mib")
+    mem["meets_target"] = None if total is None else total <= TARGETS["fork20_memory_mib"]
+    result: dict[str, Any] = {
+        "ops": op_out,
+        "baselines": {name: dict(baselines[name]) for name in BASELINES},
+        "memory": mem,
+        "scaling": [dict(row) for row in scaling],
+        "host": dict(host),
+        "targets": dict(TARGETS),
+        "fork20_serving": fork20_serving,
+        "fork20_count": fork_wide,
+        "fork_failures": fork_failures,
+        "quick": quick,
+    }
+    if wall_s is not None:
+        result["wall_s"] = round(wall_s, 1)
+    return result
+
+
+def baseline_comparison(result: Mapping[str, Any], op: str) -> tuple[str, str]:
+    """``(baseline cell, ratio cell)`` for ``op``, e.g. ``("cold boot 4512 ms",
+    "30× faster than cold boot")``; per VM for multi-VM forks."""
+    name, count = OP_BASELINE[op]
+    base = result["baselines"].get(name)
+    ours = result["ops"][op]["p50_ms"]
+    if not base or ours <= 0:
+        return "—", "—"
+    label = _BASELINE_LABEL[name]
+    base_ms = base["p50_ms"] * count
+    cell = f"{label} {_ms(base['p50_ms'])}" + (f" ×{count}" if count > 1 else "")
+    ratio = base_ms / ours
+    if ratio >= 1:
+        text = f"{_ratio(ratio)} faster than {label}"
+    else:
+        text = f"{_ratio(1 / ratio)} slower than {label}"
+    return cell, text + (" (per VM)" if count > 1 else "")
+
+
+def op_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    """Rows of the operations table: op, p50, p95, n, target, baseline, ratio."""
+    rows = []
+    for op in OPS:
+        entry = result["ops"][op]
+        target = entry.get("target_ms")
+        if target is None:
+            target_cell = "—"
+        else:
+            mark = "✅" if entry.get("meets_target") else "❌"
+            target_cell = f"≤ {_ms(target)} {mark}"
+        baseline, ratio = baseline_comparison(result, op)
+        name = f"fork x{op[4:]}" if op.startswith("fork") else op
+        rows.append(
+            [name, _ms(entry["p50_ms"]), _ms(entry["p95_ms"]), str(entry["n"]), target_cell,
+             baseline, ratio]
+        )  # fmt: skip
+    return rows
+
+
+def render_markdown(result: Mapping[str, Any]) -> str:
+    """``bench.md``: operations vs targets and baselines, baselines, scaling, memory, host."""
+    host = result["host"]
+    lines = [
+        "# forkpoint bench",
+        "",
+        f"{MEMORY_NOTE} Host: {host['cpus']} CPUs, accel `{host['accel']}`, "
+        f"QEMU {host['qemu_version']}."
+        + (" **Quick run** (few repetitions)." if result.get("quick") else ""),
+        "",
+        "| operation | p50 | p95 | n | target (p50) | baseline (p50) | vs baseline |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in op_rows(result)]
+    serving, count = result.get("fork20_serving", 0), result.get("fork20_count", 20)
+    lines += [
+        "",
+        f"Forks x{count} serving HTTP through their own forward: {serving}/{count}. "
+        f"Forks that failed to start during the run: {result.get('fork_failures', 0)}.",
+        "",
+    ]
+    lines += ["## Baselines", "", "| baseline | p50 | p95 | n |", "|---|---:|---:|---:|"]
+    for name in BASELINES:
+        entry = result["baselines"][name]
+        lines.append(f"| {name} | {_ms(entry['p50_ms'])} | {_ms(entry['p95_ms'])} | {entry['n']} |")
+    lines += [
+        "",
+        "## Checkpoint cost vs memory in use",
+        "",
+        "| in use | configured RAM | checkpoint written | checkpoint p50 |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in result["scaling"]:
+        written = row.get("checkpoint_mib")
+        lines.append(
+            f"| {row['in_use_mib']} MiB | {row['configured_mib']} MiB | "
+            f"{'—' if written is None else f'{written:.0f} MiB'} | "
+            f"{_ms(row['checkpoint_p50_ms'])} |"
+        )
+    memory = result["memory"]
+    total = memory.get("fork20_total_mib")
+    lines += ["", "## Memory", ""]
+    if total is None:
+        lines.append("Not measured.")
+    else:
+        mark = "✅" if memory.get("meets_target") else "❌"
+        lines.append(
+            f"{count} live forks use **{total:.0f} MiB** of host memory together "
+            f"({memory['method'].upper()} of their QEMU and network processes; "
+            f"{total / count:.0f} MiB each); target ≤ {memory['target_mib']} MiB {mark}."
+        )
+    lines += [
+        "",
+        "## Host",
+        "",
+        f"- CPUs: {host['cpus']}",
+        f"- accelerator: {host['accel']}",
+        f"- QEMU: {host['qemu_version']}",
+    ]
+    if "wall_s" in result:
+        lines.append(f"- bench wall time: {result['wall_s']:.0f} s")
+    return "\n".join(lines) + "\n"
+
+
+MEMORY_NOTE = "512 MiB guest running a web server (`python3 -m http.server`), idle."
+
+
+def write_report(result: Mapping[str, Any], out: Path) -> tuple[Path, Path]:
+    """Write ``bench.json`` and ``bench.md`` into ``out``; returns their paths."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "bench.json", out / "bench.md"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    md_path.write_text(render_markdown(result))
+    return json_path, md_path
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.1f}×" if value < 10 else f"{value:.0f}×"

@@ -1,0 +1,393 @@
+"""The benchmark run: forkpoint's operations and the baselines, side by side, one run.
+
+Everything it creates (sessions, checkpoints, scratch VMs and files) is removed in a
+``finally``, also when the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from forkpoint.errors import ForkpointError, InternalError
+from forkpoint.images import get_image
+from forkpoint.runtime import Runtime, Session
+from forkpoint.runtime.manifest import RAM, STATE
+from forkpoint.vm import BootFiles, MachineShape, detect_accel, guest_cmdline, host_tsc_khz
+
+from .baselines import Baselines, CheckpointFiles
+from .report import build_result
+from .stats import Summary, summarize
+
+__all__ = ["Plan", "Suite", "pss_mib"]
+
+T = TypeVar("T")
+
+GUEST_PORT = 8000
+MEMORY_MIB = 512
+SCALING_MEMORY_MIB = 2048
+_SERVER_CMD = ["python3", "-m", "http.server", str(GUEST_PORT), "--directory", "/tmp"]
+_SERVER_TIMEOUT_S = 120.0
+_SERVING_TIMEOUT_S = 15.0
+_ALLOC_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many repetitions of what. ``full()`` is the reference run, ``quick()`` a smoke
+    run that finishes in under a minute."""
+
+    reps: int  # create, checkpoint, fork1, fork3, rollback
+    fork20_reps: int
+    cold_boot_reps: int
+    baseline_reps: int  # full-RAM checkpoint/restore, QEMU start, RAM copy
+    scaling_mib: tuple[int, ...]
+    scaling_reps: int
+    fork_wide: int = 20
+
+    @classmethod
+    def full(cls) -> Plan:
+        return cls(
+            reps=10, fork20_reps=10, cold_boot_reps=10, baseline_reps=10,
+            scaling_mib=(64, 256, 1024), scaling_reps=5,
+        )  # fmt: skip
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(
+            reps=3, fork20_reps=1, cold_boot_reps=1, baseline_reps=2,
+            scaling_mib=(64, 256), scaling_reps=2,
+        )  # fmt: skip
+
+
+async def _timed(awaitable: Awaitable[T]) -> tuple[float, T]:
+    started = time.perf_counter()
+    result = await awaitable
+    return (time.perf_counter() - started) * 1000, result
+
+
+class Suite:
+    """One benchmark run against ``runtime``. ``log`` receives progress lines."""
+
+    def __init__(
+        self, runtime: Runtime, plan: Plan, log: Callable[[str], None] = lambda _: None
+    ) -> None:
+        self.runtime = runtime
+        self.plan = plan
+        self.log = log
+        self._sessions: set[str] = set()
+        self.fork_failures = 0
+        self._checkpoints: list[str] = []
+        self._scratch = runtime.home.cache / f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._http = httpx.AsyncClient(timeout=5.0, trust_env=False)
+
+    async def run(self) -> dict[str, Any]:
+        """Measure everything; returns the ``bench.json`` document (see report)."""
+        started = time.perf_counter()
+        try:
+            return await self._run(started)
+        finally:
+            await self._cleanup()
+
+    async def _run(self, started: float) -> dict[str, Any]:
+        plan = self.plan
+        image = get_image()
+        accel = detect_accel(self.runtime.build, self.runtime.home.cache, image.kernel)
+        shape = MachineShape.for_build(self.runtime.build, accel, MEMORY_MIB, 1)
+        boot = BootFiles(image.kernel, image.initrd, guest_cmdline(accel, host_tsc_khz()))
+        host = {
+            "cpus": os.cpu_count() or 1,
+            "accel": accel,
+            "qemu_version": self.runtime.build.version,
+        }
+        self.log(f"host: {host['cpus']} cpus, {accel}, QEMU {host['qemu_version']}")
+
+        # Warm-up (not timed): builds the image's template on first use.
+        t, server = await _timed(self._create())
+        self.log(f"warm-up create (template ready): {t:.0f} ms")
+
+        ops: dict[str, Summary] = {}
+        ops["create"] = await self._repeat("create", plan.reps, self._create_once)
+
+        t_srv = time.perf_counter()
+        await self.runtime.spawn(server.id, _SERVER_CMD)
+        url = _url(server)
+        await self._wait_http(url, _SERVER_TIMEOUT_S)
+        self.log(f"web server answering on {url} after {time.perf_counter() - t_srv:.1f} s")
+
+        checkpoint = await self.runtime.checkpoint(server.id, name="bench")
+        self._checkpoints.append(checkpoint.id)
+        ops["checkpoint"] = await self._repeat(
+            "checkpoint", plan.reps, lambda: self._checkpoint_once(server.id)
+        )
+        ops["fork1"] = await self._repeat("fork1", plan.reps, lambda: self._fork(checkpoint.id, 1))
+        ops["fork3"] = await self._repeat("fork3", plan.reps, lambda: self._fork(checkpoint.id, 3))
+
+        wide = plan.fork_wide
+        fork20: list[float] = []
+        serving: list[int] = []
+        memory: dict[str, Any] = {}
+        for i in range(plan.fork20_reps):
+            ms, forks = await _timed(self._fork_sessions(checkpoint.id, wide))
+            fork20.append(ms)
+            try:
+                serving.append(await self._count_serving(forks))
+                if not memory:
+                    total = sum(self._session_pss_mib(s.id) for s in forks)
+                    memory = {"fork20_total_mib": round(total, 1), "method": "pss"}
+                    self.log(f"memory of {wide} live forks: {total:.0f} MiB (PSS)")
+            finally:
+                await self._remove_sessions(forks)
+            self.log(f"fork{wide} {i + 1}/{plan.fork20_reps}: {ms:.0f} ms, {serving[-1]} serving")
+        ops["fork20"] = summarize(fork20)
+
+        ops["rollback"] = await self._repeat(
+            "rollback", plan.reps, lambda: self._rollback_once(server.id, checkpoint.id)
+        )
+        await self._wait_http(url, _SERVING_TIMEOUT_S)  # rolled back: still serving
+
+        baselines = await self._baselines(shape, boot, image, checkpoint.id)
+        await self._remove_sessions([server])
+        scaling = await self._scaling()
+
+        result = build_result(
+            ops=ops,
+            baselines=baselines,
+            memory=memory,
+            scaling=scaling,
+            host=host,
+            fork20_serving=min(serving) if serving else 0,
+            fork_failures=self.fork_failures,
+            fork_wide=wide,
+            quick=plan == Plan.quick(),
+            wall_s=time.perf_counter() - started,
+        )
+        return result
+
+    # -- forkpoint operations ----------------------------------------------------------
+
+    async def _repeat(self, name: str, reps: int, once: Callable[[], Awaitable[float]]) -> Summary:
+        samples = [await once() for _ in range(reps)]
+        summary = summarize(samples)
+        self.log(
+            f"{name}: p50 {summary['p50_ms']:.0f} ms, p95 {summary['p95_ms']:.0f} ms "
+            f"(n={summary['n']})"
+        )
+        return summary
+
+    async def _create(self, memory_mib: int = MEMORY_MIB) -> Session:
+        ports = [GUEST_PORT] if memory_mib == MEMORY_MIB else []
+        session = await self.runtime.create(memory_mib=memory_mib, ports=ports)
+        self._sessions.add(session.id)
+        return session
+
+    async def _create_once(self) -> float:
+        ms, session = await _timed(self._create())
+        await self._remove_sessions([session])
+        return ms
+
+    async def _checkpoint_once(self, session_id: str) -> float:
+        ms, checkpoint = await _timed(self.runtime.checkpoint(session_id))
+        self._checkpoints.append(checkpoint.id)
+        await self._remove_checkpoint(checkpoint.id)
+        return ms
+
+    async def _fork_sessions(self, checkpoint_id: str, count: int) -> list[Session]:
+        """The forks that started; a fork that failed is logged and counted, not fatal
+        (under heavy host load a restored guest can miss the agent deadline)."""
+        results = await self.runtime.fork(checkpoint_id, count)
+        forks = [r for r in results if isinstance(r, Session)]
+        self._sessions.update(s.id for s in forks)
+        failed = [r for r in results if isinstance(r, ForkpointError)]
+        if failed:
+            self.fork_failures += len(failed)
+            self.log(f"{len(failed)} of {count} forks failed: {failed[0].message}")
+        if not forks:
+            raise InternalError(f"all {count} forks failed: {failed[0].message}")
+        return forks
+
+    async def _fork(self, checkpoint_id: str, count: int) -> float:
+        ms, forks = await _timed(self._fork_sessions(checkpoint_id, count))
+        await self._remove_sessions(forks)
+        return ms
+
+    async def _rollback_once(self, session_id: str, checkpoint_id: str) -> float:
+        ms, _ = await _timed(self.runtime.rollback(session_id, checkpoint_id))
+        return ms
+
+    async def _count_serving(self, sessions: list[Session]) -> int:
+        answers = await asyncio.gather(
+            *(self._serves(_url(s), _SERVING_TIMEOUT_S) for s in sessions)
+        )
+        return sum(answers)
+
+    # -- memory ------------------------------------------------------------------------
+
+    def _session_pss_mib(self, session_id: str) -> float:
+        record = self.runtime.store.get_session(session_id)
+        pids = [record.qemu_pid, *record.aux_pids]
+        return sum(pss_mib(pid) for pid in pids if pid)
+
+    # -- baselines ---------------------------------------------------------------------
+
+    async def _baselines(
+        self, shape: MachineShape, boot: BootFiles, image: Any, checkpoint_id: str
+    ) -> dict[str, Summary]:
+        plan = self.plan
+        self._scratch.mkdir(parents=True, exist_ok=True)
+        runner = Baselines(self.runtime.build, shape, boot, image, self._scratch, self.log)
+        ck_dir = self.runtime.home.checkpoints / checkpoint_id
+        record = self.runtime.store.get_checkpoint(checkpoint_id)
+        files = CheckpointFiles(
+            ram=ck_dir / RAM,
+            state=ck_dir / STATE,
+            disk=self.runtime.home.layers / record.disk_layer,
+        )
+        out: dict[str, Summary] = {}
+
+        def done(name: str, samples: list[float]) -> None:
+            out[name] = summarize(samples)
+            self.log(
+                f"baseline {name}: p50 {out[name]['p50_ms']:.0f} ms, "
+                f"p95 {out[name]['p95_ms']:.0f} ms (n={out[name]['n']})"
+            )
+
+        done("cold_boot_create", await runner.cold_boot_create(plan.cold_boot_reps))
+        saves, restores = await runner.full_ram(files, plan.baseline_reps)
+        self.log(f"full-RAM state file: {runner.full_ram_state_bytes / (1 << 20):.0f} MiB")
+        done("full_ram_checkpoint", saves)
+        done("full_ram_restore", restores)
+        done("qemu_start_floor", await runner.qemu_start_floor(plan.baseline_reps))
+        done("ram_copy_floor", await runner.ram_copy_floor(files, plan.baseline_reps))
+        return out
+
+    # -- scaling -----------------------------------------------------------------------
+
+    async def _scaling(self) -> list[dict[str, Any]]:
+        """Checkpoint cost against guest memory in use, in a VM with more RAM than that."""
+        plan = self.plan
+        t, session = await _timed(self._create(SCALING_MEMORY_MIB))
+        self.log(f"scaling: {SCALING_MEMORY_MIB} MiB session ready in {t:.0f} ms")
+        rows: list[dict[str, Any]] = []
+        allocated = 0
+        try:
+            for target in plan.scaling_mib:
+                # Allocations accumulate: freed guest pages would stay in the RAM file.
+                await self._allocate(session.id, target - allocated, f"/tmp/alloc-{target}")
+                allocated = target
+                samples: list[float] = []
+                copied = 0
+                for _ in range(plan.scaling_reps):
+                    ms, ck = await _timed(self.runtime.checkpoint(session.id))
+                    self._checkpoints.append(ck.id)
+                    samples.append(ms)
+                    copied = ck.size_bytes
+                    await self._remove_checkpoint(ck.id)
+                p50 = summarize(samples)["p50_ms"]
+                rows.append(
+                    {
+                        "in_use_mib": target,
+                        "configured_mib": SCALING_MEMORY_MIB,
+                        "checkpoint_p50_ms": p50,
+                        "checkpoint_mib": round(copied / (1 << 20), 1),
+                    }
+                )
+                self.log(
+                    f"scaling: {target} MiB in use → checkpoint p50 {p50:.0f} ms "
+                    f"({copied / (1 << 20):.0f} MiB written)"
+                )
+        finally:
+            await self._remove_sessions([session])
+        return rows
+
+    async def _allocate(self, session_id: str, mib: int, marker: str) -> None:
+        """Start a guest process holding ``mib`` MiB of touched memory; wait until it has."""
+        code = (
+            f"import pathlib, time; b = bytearray({mib} << 20); "  # zero-filled: touched
+            f"pathlib.Path({marker!r}).write_text('ok'); time.sleep(1e9)"
+        )
+        started = time.perf_counter()
+        await self.runtime.spawn(session_id, ["python3", "-c", code])
+        deadline = started + _ALLOC_TIMEOUT_S
+        while True:
+            result = await self.runtime.exec(session_id, ["test", "-e", marker])
+            if result.exit_code == 0:
+                break
+            if time.perf_counter() > deadline:
+                raise InternalError(f"allocating {mib} MiB in the guest took too long")
+            await asyncio.sleep(0.3)
+        self.log(f"scaling: guest touched {mib} MiB in {time.perf_counter() - started:.1f} s")
+
+    # -- helpers -----------------------------------------------------------------------
+
+    async def _serves(self, url: str, timeout_s: float) -> bool:
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            try:
+                if (await self._http.get(url)).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _wait_http(self, url: str, timeout_s: float) -> None:
+        if not await self._serves(url, timeout_s):
+            raise InternalError(f"the guest web server at {url} did not answer in {timeout_s} s")
+
+    async def _remove_sessions(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            with contextlib.suppress(ForkpointError):
+                await self.runtime.remove(session.id)
+            self._sessions.discard(session.id)
+
+    async def _remove_checkpoint(self, checkpoint_id: str) -> None:
+        await self.runtime.remove_checkpoint(checkpoint_id)
+        self._checkpoints.remove(checkpoint_id)
+
+    async def _cleanup(self) -> None:
+        """Remove every session and checkpoint this run made, then the scratch files."""
+        with contextlib.suppress(Exception):
+            await self._http.aclose()
+        for session_id in list(self._sessions):
+            try:
+                await self.runtime.remove(session_id)
+            except ForkpointError as error:
+                self.log(f"cleanup: session {session_id}: {error.message}")
+            self._sessions.discard(session_id)
+        for checkpoint_id in reversed(self._checkpoints):
+            try:
+                await self.runtime.remove_checkpoint(checkpoint_id)
+            except ForkpointError as error:
+                self.log(f"cleanup: checkpoint {checkpoint_id}: {error.message}")
+        self._checkpoints.clear()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _url(session: Session) -> str:
+    port = session.port(GUEST_PORT)
+    if port is None:
+        raise InternalError(f"session {session.id} has no forward for port {GUEST_PORT}")
+    return port.url + "/"
+
+
+def pss_mib(pid: int) -> float:
+    """Proportional set size of ``pid`` in MiB (0 if it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

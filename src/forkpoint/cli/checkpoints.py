@@ -1,0 +1,214 @@
+"""``forkpoint checkpoint | checkpoints | fork | rollback``: freezing and branching sessions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from forkpoint.cli._run import (
+    Timer,
+    describe_checkpoint,
+    format_ms,
+    print_ports,
+    print_session,
+    print_table,
+    run,
+    short_time,
+    spinner,
+)
+from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
+from forkpoint.errors import ForkpointError, InvalidInput
+
+if TYPE_CHECKING:
+    from forkpoint.runtime import Checkpoint, Runtime, Session
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("checkpoint")(checkpoint_command)
+    app.command("checkpoints")(checkpoints_command)
+    app.command("fork")(fork_command)
+    app.command("rollback")(rollback_command)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+@reports_errors
+def checkpoint_command(
+    target: Annotated[
+        str, typer.Argument(metavar="SESSION|rm", help="Session id or name, or `rm`.")
+    ],
+    ids: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="ID", help="With `rm`: the checkpoints to delete."),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="A name for the checkpoint.")] = None,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Checkpoint a session, or delete checkpoints.
+
+    \b
+    forkpoint checkpoint SESSION [--name N]   checkpoint a running session
+    forkpoint checkpoint rm ID...             delete checkpoints
+    """
+    if target == "rm":
+        if not ids:
+            raise InvalidInput("checkpoint rm needs at least one checkpoint ID")
+        if name is not None:
+            raise InvalidInput("--name does not apply to checkpoint rm")
+        _remove_checkpoints(ids, as_json)
+        return
+    if ids:
+        raise InvalidInput(
+            f"unexpected argument {ids[0]!r}: use `forkpoint checkpoint SESSION` "
+            "or `forkpoint checkpoint rm ID...`"
+        )
+
+    async def op(runtime: Runtime) -> Checkpoint:
+        return await runtime.checkpoint(target, name=name)
+
+    with spinner(f"checkpointing {target}…"):
+        checkpoint = run(op)
+    if as_json:
+        emit_json(checkpoint.to_dict())
+        return
+    console.print(
+        f"[bold green]checkpoint[/] {describe_checkpoint(checkpoint)} of "
+        f"[cyan]{checkpoint.session_id}[/] in {format_ms(checkpoint.duration_ms)} "
+        f"[dim](paused {format_ms(checkpoint.pause_ms)}, {_size(checkpoint.size_bytes)})[/]",
+        highlight=False,
+    )
+
+
+def _remove_checkpoints(ids: list[str], as_json: bool) -> None:
+    async def op(runtime: Runtime) -> list[str]:
+        found = [runtime.get_checkpoint(i).id for i in ids]  # NotFound before any change
+        for checkpoint_id in dict.fromkeys(found):
+            await runtime.remove_checkpoint(checkpoint_id)
+        return list(dict.fromkeys(found))
+
+    with Timer() as timer:
+        removed = run(op)
+    if as_json:
+        emit_json({"removed": removed, "duration_ms": round(timer.ms, 1)})
+        return
+    shown = ", ".join(f"[cyan]{checkpoint_id}[/]" for checkpoint_id in removed)
+    console.print(f"[bold]removed[/] {shown} in {format_ms(timer.ms)}", highlight=False)
+
+
+@reports_errors
+def checkpoints_command(
+    session: Annotated[str | None, typer.Argument(help="Only this session's checkpoints.")] = None,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List checkpoints (of all sessions, or of one)."""
+
+    async def op(runtime: Runtime) -> list[Checkpoint]:
+        return runtime.list_checkpoints(session)
+
+    checkpoints = run(op)
+    if as_json:
+        emit_json([c.to_dict() for c in checkpoints])
+        return
+    if not checkpoints:
+        console.print("no checkpoints: make one with [bold]forkpoint checkpoint SESSION[/]")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "SESSION", "CREATED", "SIZE", "TOOK", "PARENT"):
+        table.add_column(column, no_wrap=True, justify="right" if column == "SIZE" else "left")
+    for c in checkpoints:
+        table.add_row(
+            c.id,
+            escape(c.name or ""),
+            c.session_id,
+            short_time(c.created_at),
+            _size(c.size_bytes),
+            format_ms(c.duration_ms),
+            c.parent_checkpoint or "",
+        )
+    print_table(table)
+
+
+@reports_errors
+def fork_command(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint id or name.")],
+    count: Annotated[int, typer.Option("--count", "-n", help="How many sessions.")] = 1,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Start new sessions from a checkpoint: each wakes up with the same running processes.
+
+    A fork that fails is reported in its place (JSON: {"error": {...}}); the others keep
+    running, and the exit code is that of the worst failure (4 or 5).
+    """
+
+    async def op(runtime: Runtime) -> list[Session | ForkpointError]:
+        return await runtime.fork(checkpoint, count)
+
+    with spinner(f"forking {checkpoint} ×{count}…"), Timer() as timer:
+        results = run(op)
+    failures = [r for r in results if isinstance(r, ForkpointError)]
+    if as_json:
+        slots: list[dict[str, Any]] = [
+            {"error": r.to_dict()} if isinstance(r, ForkpointError) else r.to_dict()
+            for r in results
+        ]
+        emit_json(slots)
+    else:
+        ok = len(results) - len(failures)
+        console.print(
+            f"[bold green]forked[/] {ok} session{'s' if ok != 1 else ''} from "
+            f"[cyan]{escape(checkpoint)}[/] in {format_ms(timer.ms)}",
+            highlight=False,
+        )
+        for r in results:
+            if isinstance(r, ForkpointError):
+                err_console.print(
+                    f"[bold red]error:[/] fork failed: {escape(r.message)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            else:
+                console.print(f"  [cyan]{r.id}[/]", highlight=False)
+                print_ports(r, indent="    ")
+    if failures:
+        raise typer.Exit(max(f.exit_code for f in failures))
+
+
+@reports_errors
+def rollback_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    checkpoint: Annotated[
+        str | None,
+        typer.Argument(help="Checkpoint of its lineage (default: its latest own checkpoint)."),
+    ] = None,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Reset a session to a checkpoint: same id, same ports, processes restored from memory.
+
+    Also revives a crashed session.
+    """
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.rollback(session, checkpoint)
+
+    with spinner(f"rolling back {session}…"), Timer() as timer:
+        result = run(op)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    print_session(
+        result,
+        f"[bold green]rolled back[/] [cyan]{result.id}[/] to "
+        f"[cyan]{result.parent_checkpoint}[/] in {format_ms(timer.ms)}",
+    )

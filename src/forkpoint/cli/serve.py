@@ -1,0 +1,96 @@
+"""``forkpoint serve [--socket PATH | --port N]`` and ``forkpoint mcp``."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from forkpoint.cli.output import err_console, reports_errors
+from forkpoint.errors import InvalidInput
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
+    app.command("mcp")(mcp_command)
+
+
+@reports_errors
+def serve_command(
+    socket_path: Annotated[
+        Path | None,
+        typer.Option("--socket", help="Unix socket (default $FORKPOINT_HOME/forkpoint.sock)."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", min=0, max=65535, help="TCP port (needs a bearer token)."),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="TCP address (loopback only).")] = "127.0.0.1",
+    allow_remote: Annotated[
+        bool,
+        typer.Option("--allow-remote", help="Allow a non-loopback --host."),
+    ] = False,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve the REST API (/v1, OpenAPI at /v1/openapi.json) until interrupted.
+
+    By default on a private unix socket (mode 0600). With --port: on 127.0.0.1, every
+    request needs the bearer token written to $FORKPOINT_HOME/token (printed once).
+    """
+    from forkpoint.runtime import Runtime
+    from forkpoint.server import bind_tcp, bind_unix, create_app, is_loopback, serve_on, write_token
+
+    if socket_path is not None and port is not None:
+        raise InvalidInput("use either --socket or --port, not both")
+    if not is_loopback(host) and not allow_remote:
+        raise InvalidInput(
+            f"refusing to listen on non-loopback address {host}; pass --allow-remote to expose "
+            "the API beyond this machine (it stays token-protected)"
+        )
+    if port is None and host != "127.0.0.1":
+        raise InvalidInput("--host applies to --port only")
+    # From here on SIGTERM unwinds (finally blocks run): the socket file gets removed.
+    signal.signal(signal.SIGTERM, _raise_exit)
+    runtime = Runtime.open()
+    try:
+        if port is None:
+            path = (socket_path or runtime.home.root / "forkpoint.sock").absolute()
+            sock = bind_unix(path)
+            try:
+                err_console.print(f"forkpoint API on unix:{path}", markup=False, highlight=False)
+                serve_on(create_app(runtime), sock, log_level=log_level)
+            finally:
+                path.unlink(missing_ok=True)
+        else:
+            sock = bind_tcp(host, port)
+            bound = sock.getsockname()[1]
+            token_path = runtime.home.root / "token"
+            token = write_token(token_path)
+            err_console.print(
+                f"forkpoint API on http://{host}:{bound} (bearer token in {token_path})",
+                markup=False,
+                highlight=False,
+            )
+            sys.stdout.write(f"token: {token}\n")  # printed once; also in the token file
+            sys.stdout.flush()
+            serve_on(create_app(runtime, token=token), sock, log_level=log_level)
+    finally:
+        runtime.close()
+
+
+def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@reports_errors
+def mcp_command() -> None:
+    """Serve forkpoint's tools over MCP (stdio transport) for an agent to use."""
+    from forkpoint.mcp import run_stdio
+
+    run_stdio()

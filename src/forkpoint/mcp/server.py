@@ -1,0 +1,184 @@
+"""forkpoint's tools for agents, over MCP (stdio): thin calls into the runtime.
+
+Each tool is one runtime call returning the same JSON as the CLI/REST. A
+:class:`~forkpoint.errors.ForkpointError` becomes a tool error whose text starts with
+its code (``not_found: unknown session: s-…``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from forkpoint import __version__
+from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.runtime import Runtime
+
+__all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+TOOL_NAMES = (
+    "create_session",
+    "exec",
+    "read_file",
+    "write_file",
+    "forward_port",
+    "checkpoint",
+    "fork",
+    "rollback",
+    "list_sessions",
+    "remove_session",
+)
+_INSTRUCTIONS = (
+    "forkpoint runs each session as a microVM that can be checkpointed, forked and rolled "
+    "back in milliseconds. Create a session, run commands and edit files in it, forward a "
+    "guest port to look at a web app, checkpoint before risky steps, fork to try "
+    "alternatives in parallel, roll back to undo everything (processes included)."
+)
+
+
+def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    import functools
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except ForkpointError as error:
+            raise ToolError(f"{error.code}: {error.message}") from None
+
+    return wrapper
+
+
+Port = Annotated[int, Field(ge=1, le=65535, description="TCP port inside the guest.")]
+
+
+def build_server(runtime: Runtime) -> MCPServer:
+    """An MCP server whose tools act on ``runtime``."""
+    server: MCPServer = MCPServer(
+        "forkpoint", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING"
+    )
+
+    @_tool_errors
+    async def create_session(
+        image: str = "default",
+        memory_mib: Annotated[int, Field(ge=128, le=65536)] = 512,
+        cpus: Annotated[int, Field(ge=1, le=64)] = 1,
+        name: str | None = None,
+        ports: list[Port] | None = None,
+    ) -> dict[str, Any]:
+        """Create a session (a microVM) from an image; ``ports`` are guest ports to forward
+        to the host's 127.0.0.1. Returns the session (id, ports with URLs, ...)."""
+        session = await runtime.create(
+            image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or ()
+        )
+        return session.to_dict()
+
+    @_tool_errors
+    async def exec(
+        session: str,
+        command: str | list[str],
+        cwd: str | None = None,
+        timeout: Annotated[float, Field(gt=0, le=86400)] | None = None,
+        background: bool = False,
+    ) -> dict[str, Any]:
+        """Run a command in a session: a shell string or an argv list. Waits and returns
+        exit_code/stdout/stderr, or with background=true starts it detached (a server)
+        and returns its pid and log file."""
+        if background:
+            spawned = await runtime.spawn(session, command, cwd=cwd)
+            return {"pid": spawned.pid, "log_path": spawned.log_path}
+        r = await runtime.exec(session, command, cwd=cwd, timeout=timeout)
+        return {
+            "exit_code": r.exit_code,
+            "stdout": r.stdout.decode("utf-8", "replace"),
+            "stderr": r.stderr.decode("utf-8", "replace"),
+            "duration_ms": round(r.duration_ms, 1),
+        }
+
+    @_tool_errors
+    async def read_file(
+        session: str, path: str, encoding: Literal["text", "base64"] = "text"
+    ) -> dict[str, Any]:
+        """Read a file from a session (UTF-8 text, or base64 for binary files)."""
+        data = await runtime.read_file(session, path)
+        content = base64.b64encode(data).decode() if encoding == "base64" else data.decode()
+        return {"path": path, "size": len(data), "encoding": encoding, "content": content}
+
+    @_tool_errors
+    async def write_file(
+        session: str, path: str, content: str, encoding: Literal["text", "base64"] = "text"
+    ) -> dict[str, Any]:
+        """Write a file in a session (parent directories are created)."""
+        try:
+            data = base64.b64decode(content, validate=True) if encoding == "base64" else None
+        except binascii.Error:
+            raise InvalidInput("content is not valid base64") from None
+        payload = data if data is not None else content.encode()
+        await runtime.write_file(session, path, payload)
+        return {"path": path, "size": len(payload)}
+
+    @_tool_errors
+    async def forward_port(session: str, guest_port: Port) -> dict[str, Any]:
+        """Forward a guest port to http://127.0.0.1:<host_port> on the host."""
+        return (await runtime.forward_port(session, guest_port)).to_dict()
+
+    @_tool_errors
+    async def checkpoint(session: str, name: str | None = None) -> dict[str, Any]:
+        """Checkpoint a running session: memory, disk and every live process."""
+        return (await runtime.checkpoint(session, name)).to_dict()
+
+    @_tool_errors
+    async def fork(
+        checkpoint: str, count: Annotated[int, Field(ge=1, le=64)] = 1
+    ) -> dict[str, Any]:
+        """Start ``count`` new sessions from a checkpoint; each wakes up with the same
+        processes running. A failed fork is reported as an error in its slot."""
+        results = await runtime.fork(checkpoint, count)
+        return {
+            "sessions": [
+                {"error": r.to_dict()} if isinstance(r, ForkpointError) else r.to_dict()
+                for r in results
+            ]
+        }
+
+    @_tool_errors
+    async def rollback(session: str, checkpoint: str | None = None) -> dict[str, Any]:
+        """Reset a session (same id and ports) to a checkpoint (default: its latest)."""
+        return (await runtime.rollback(session, checkpoint)).to_dict()
+
+    @_tool_errors
+    async def list_sessions() -> dict[str, Any]:
+        """Every session with its state and forwarded ports."""
+        return {"sessions": [s.to_dict() for s in runtime.list_sessions()]}
+
+    @_tool_errors
+    async def remove_session(session: str) -> dict[str, Any]:
+        """Destroy a session (its VM and files). Its checkpoints stay."""
+        await runtime.remove(session)
+        return {"removed": session}
+
+    for fn in (
+        create_session, exec, read_file, write_file, forward_port, checkpoint, fork,
+        rollback, list_sessions, remove_session,
+    ):  # fmt: skip
+        server.add_tool(fn)
+    return server
+
+
+def run_stdio(runtime: Runtime | None = None) -> None:
+    """Serve the tools on stdin/stdout until the client disconnects."""
+    rt = runtime or Runtime.open()
+    try:
+        build_server(rt).run("stdio")
+    finally:
+        if runtime is None:
+            rt.close()

@@ -1,0 +1,168 @@
+"""forkpoint bench: the statistics, the report rendering, and one real quick run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forkpoint.bench import build_result, op_rows, percentile, render_markdown, summarize
+from forkpoint.bench.report import BASELINES, OPS, TARGETS, write_report
+from forkpoint.bench.suite import pss_mib
+
+# -- stats -----------------------------------------------------------------------------
+
+
+def test_percentile_of_known_data() -> None:
+    data = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(data, 50) == pytest.approx(50.5)
+    assert percentile(data, 95) == pytest.approx(95.05)
+    assert percentile(data, 0) == 1.0
+    assert percentile(data, 100) == 100.0
+
+
+def test_percentile_interpolates_and_ignores_order() -> None:
+    assert percentile([30.0, 10.0, 20.0], 50) == 20.0
+    assert percentile([40.0, 10.0, 30.0, 20.0], 50) == 25.0  # mean of the middle two
+    assert percentile([10.0, 20.0], 95) == pytest.approx(19.5)
+    assert percentile([7.0], 95) == 7.0
+
+
+def test_percentile_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize() -> None:
+    summary = summarize([100.0, 120.0, 110.0, 400.0, 105.0])
+    assert summary == {"p50_ms": 110.0, "p95_ms": 344.0, "n": 5}
+
+
+def test_pss_of_this_process_and_of_no_process() -> None:
+    assert pss_mib(os.getpid()) > 1.0
+    assert pss_mib(2**22 + 12345) == 0.0  # above pid_max's default: never a process
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def _synthetic() -> dict[str, Any]:
+    def s(p50: float, n: int = 10) -> dict[str, Any]:
+        return {"p50_ms": p50, "p95_ms": p50 * 1.5, "n": n}
+
+    ops = {
+        "create": s(100.0),
+        "checkpoint": s(200.0),
+        "fork1": s(120.0),
+        "fork3": s(240.0),
+        "fork20": s(2500.0),
+        "rollback": s(150.0),
+    }
+    baselines = {
+        "cold_boot_create": s(4000.0),
+        "full_ram_checkpoint": s(1000.0),
+        "full_ram_restore": s(600.0),
+        "qemu_start_floor": s(40.0),
+        "ram_copy_floor": s(30.0),
+    }
+    return build_result(
+        ops=ops,  # type: ignore[arg-type]
+        baselines=baselines,  # type: ignore[arg-type]
+        memory={"fork20_total_mib": 2048.4, "method": "pss"},
+        scaling=[
+            {"in_use_mib": 64, "configured_mib": 2048, "checkpoint_p50_ms": 90.0},
+            {"in_use_mib": 1024, "configured_mib": 2048, "checkpoint_p50_ms": 700.0},
+        ],
+        host={"cpus": 2, "accel": "tcg", "qemu_version": "7.2.22"},
+        fork20_serving=20,
+        wall_s=321.0,
+    )
+
+
+def test_result_shape_and_targets() -> None:
+    result = _synthetic()
+    assert set(result["ops"]) == set(OPS)
+    assert set(result["baselines"]) == set(BASELINES)
+    assert result["targets"] == TARGETS
+    ops = result["ops"]
+    assert ops["create"]["meets_target"] is True  # 100 <= 150
+    assert ops["checkpoint"]["meets_target"] is False  # 200 > 150
+    assert ops["fork3"]["meets_target"] is True
+    assert ops["rollback"]["meets_target"] is True  # equal counts as met
+    assert ops["fork20"]["meets_target"] is False
+    assert ops["fork1"]["meets_target"] is None  # no target
+    assert result["memory"]["meets_target"] is True
+    json.dumps(result)  # serialisable
+
+
+def test_rows_compare_with_baselines() -> None:
+    rows = {row[0]: row for row in op_rows(_synthetic())}
+    assert rows["create"][1:4] == ["100 ms", "150 ms", "10"]
+    assert rows["create"][4].startswith("≤ 150 ms")
+    assert rows["create"][6] == "40× faster than cold boot"
+    assert rows["checkpoint"][6] == "5.0× faster than full-RAM save"
+    assert rows["fork x20"][5] == "full-RAM restore 600 ms ×20"
+    assert rows["fork x20"][6] == "4.8× faster than full-RAM restore (per VM)"
+    assert rows["fork x1"][4] == "—"
+
+
+def test_markdown_report(tmp_path: Path) -> None:
+    json_path, md_path = write_report(_synthetic(), tmp_path / "out")
+    assert json.loads(json_path.read_text())["ops"]["create"]["n"] == 10
+    text = md_path.read_text()
+    assert text == render_markdown(_synthetic())
+    assert "| create | 100 ms | 150 ms | 10 | ≤ 150 ms ✅ |" in text
+    assert "| checkpoint | 200 ms | 300 ms | 10 | ≤ 150 ms ❌ |" in text
+    assert "| 1024 MiB | 2048 MiB | — | 700 ms |" in text
+    assert "**2048 MiB**" in text
+    assert "QEMU 7.2.22" in text and "20/20" in text
+
+
+def test_slower_than_baseline_is_said_so() -> None:
+    result = _synthetic()
+    result["ops"]["checkpoint"]["p50_ms"] = 2000.0
+    assert op_rows(result)[1][6] == "2.0× slower than full-RAM save"
+
+
+# -- the real thing ----------------------------------------------------------------------
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(300)
+def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
+    quiet_host = os.getloadavg()[0] < (os.cpu_count() or 1)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "forkpoint.cli.app", "bench", "--quick", "--json",
+         "--out", str(tmp_path)],
+        capture_output=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=290,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    result = json.loads(proc.stdout)
+    assert json.loads((tmp_path / "bench.json").read_text()) == result
+    assert "| create |" in (tmp_path / "bench.md").read_text()
+    for group, names in (("ops", OPS), ("baselines", BASELINES)):
+        assert set(result[group]) == set(names)
+        for name in names:
+            entry = result[group][name]
+            assert entry["n"] >= 1 and entry["p50_ms"] > 0, (group, name, entry)
+            assert entry["p95_ms"] >= entry["p50_ms"]
+    assert result["memory"]["method"] == "pss"
+    assert result["memory"]["fork20_total_mib"] > 0
+    assert result["fork20_serving"] >= 1
+    assert [row["in_use_mib"] for row in result["scaling"]] == [64, 256]
+    assert all(row["checkpoint_p50_ms"] > 0 for row in result["scaling"])
+    assert result["host"]["cpus"] >= 1 and result["host"]["accel"] in ("kvm", "tcg")
+    if quiet_host:  # the one-minute promise holds on a host that is not busy elsewhere
+        assert wall < 60, f"quick bench took {wall:.0f} s"

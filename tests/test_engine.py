@@ -1,0 +1,314 @@
+"""The MicroVM engine against real QEMU: checkpoint, fork, rollback, faults.
+
+One parent session runs a counter process; every test checks what happens to that
+process (same PID, in-memory count continuing) and to files across the operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
+from forkpoint.runtime import Runtime, Session
+from forkpoint.runtime.machines import new_layer_name
+from forkpoint.runtime.manifest import check_compatible, read_manifest
+from forkpoint.vm import Machine, MachineShape
+
+pytestmark = pytest.mark.vm
+
+# Counts in memory; the file only reports the count. A restarted process would start at 1.
+COUNTER = (
+    'python3 -c "import os,time\n'
+    "i=0\n"
+    "while True:\n"
+    "    i+=1\n"
+    "    open('/tmp/count.tmp','w').write('%d %d' % (os.getpid(), i))\n"
+    "    os.replace('/tmp/count.tmp','/tmp/count')\n"
+    '    time.sleep(0.1)"'
+)
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def rt() -> Iterator[Runtime]:
+    runtime = Runtime.open()
+    yield runtime
+    runtime.close()
+
+
+async def _count(rt: Runtime, session: str) -> tuple[int, int]:
+    pid, count = (await rt.read_file(session, "/tmp/count")).decode().split()
+    return int(pid), int(count)
+
+
+async def _wait_count(
+    rt: Runtime, session: str, at_least: int, timeout_s: float = 120
+) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, count = await _count(rt, session)
+            if count >= at_least:
+                return pid, count
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"counter did not reach {at_least}")
+        await asyncio.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def parent(rt: Runtime) -> Iterator[Session]:
+    async def setup() -> Session:
+        session = await rt.create()
+        await rt.write_file(session.id, "/data/keep.txt", b"keep me\n")
+        await rt.spawn(session.id, COUNTER)
+        await _wait_count(rt, session.id, 20)
+        return session
+
+    session = run(setup())
+    yield session
+    leftovers = [c.id for c in rt.list_checkpoints(session.id)]
+    run(rt.remove(session.id))
+    for checkpoint_id in leftovers:
+        run(rt.remove_checkpoint(checkpoint_id))
+
+
+def test_forks_run_the_same_process_from_its_checkpointed_state(
+    rt: Runtime, parent: Session
+) -> None:
+    async def scenario() -> None:
+        pid, before = await _count(rt, parent.id)
+        started = time.perf_counter()
+        ck = await rt.checkpoint(parent.id)
+        print(f"\ncheckpoint: {ck.duration_ms:.0f} ms total, VM paused {ck.pause_ms:.0f} ms")
+        started = time.perf_counter()
+        forks = await rt.fork(ck.id, 3)
+        print(f"fork x3: {(time.perf_counter() - started) * 1000:.0f} ms")
+        try:
+            assert all(isinstance(f, Session) for f in forks), forks
+            for fork in forks:
+                assert isinstance(fork, Session)
+                fork_pid, count = await _count(rt, fork.id)
+                assert fork_pid == pid, "the counter must run at the same PID"
+                # continued from the checkpointed in-memory value, not restarted at 1
+                assert count >= before, (count, before)
+                assert fork.id != parent.id and fork.parent_checkpoint == ck.id
+            # forks diverge: a write in fork 1 is invisible to fork 2 and to the parent
+            f1, f2 = forks[0], forks[1]
+            assert isinstance(f1, Session) and isinstance(f2, Session)
+            await rt.write_file(f1.id, "/data/only-in-fork1", b"1")
+            names2 = [e.name for e in await rt.list_files(f2.id, "/data")]
+            names_parent = [e.name for e in await rt.list_files(parent.id, "/data")]
+            assert "only-in-fork1" not in names2 and "only-in-fork1" not in names_parent
+            # each fork has its own random stream
+            r1 = await rt.exec(f1.id, ["head", "-c", "32", "/dev/urandom"])
+            r2 = await rt.exec(f2.id, ["head", "-c", "32", "/dev/urandom"])
+            assert r1.stdout != r2.stdout
+        finally:
+            for fork in forks:
+                if isinstance(fork, Session):
+                    await rt.remove(fork.id)
+            await rt.remove_checkpoint(ck.id)
+
+    run(scenario())
+
+
+def test_rollback_brings_back_files_and_the_killed_process(rt: Runtime, parent: Session) -> None:
+    async def scenario() -> None:
+        pid, at_checkpoint = await _count(rt, parent.id)
+        ck = await rt.checkpoint(parent.id, name=f"before-damage-{parent.id}")
+        await rt.write_file(parent.id, "/data/new.txt", b"written after the checkpoint")
+        await rt.remove_file(parent.id, "/data/keep.txt")
+        _, at_kill = await _wait_count(rt, parent.id, at_checkpoint + 30)
+        await rt.kill_process(parent.id, pid, "KILL")
+        assert pid not in [p.pid for p in await rt.ps(parent.id)]
+
+        started = time.perf_counter()
+        session = await rt.rollback(parent.id)
+        print(f"\nrollback: {(time.perf_counter() - started) * 1000:.0f} ms")
+        assert session.id == parent.id and session.ports == parent.ports
+        names = [e.name for e in await rt.list_files(parent.id, "/data")]
+        assert "keep.txt" in names and "new.txt" not in names
+        assert await rt.read_file(parent.id, "/data/keep.txt") == b"keep me\n"
+        new_pid, count = await _count(rt, parent.id)
+        assert new_pid == pid, "the killed process runs again at the same PID"
+        assert at_checkpoint <= count < at_kill, (at_checkpoint, count, at_kill)
+        assert rt.get(parent.id).parent_checkpoint == ck.id
+
+    run(scenario())
+
+
+def test_chains_five_levels_deep(rt: Runtime, parent: Session) -> None:
+    """checkpoint a fork, fork the fork, roll back a fork, checkpoint a rolled-back one."""
+
+    async def scenario() -> None:
+        made: list[str] = []
+        checkpoints: list[str] = []
+        current = parent.id
+        try:
+            for level in range(5):
+                await rt.write_file(current, f"/data/level{level}", str(level).encode())
+                ck = await rt.checkpoint(current)
+                checkpoints.append(ck.id)
+                [child] = await rt.fork(ck.id, 1)
+                assert isinstance(child, Session), child
+                made.append(child.id)
+                await rt.write_file(child.id, "/data/scratch", b"to be rolled back")
+                await rt.rollback(child.id)  # back to ck: scratch is gone
+                names = {e.name for e in await rt.list_files(child.id, "/data")}
+                assert "scratch" not in names
+                assert {f"level{i}" for i in range(level + 1)} <= names
+                current = child.id
+            pid, _ = await _count(rt, current)
+            assert pid == (await _count(rt, parent.id))[0]
+        finally:
+            for sid in reversed(made):
+                await rt.remove(sid)
+            for ck_id in reversed(checkpoints):
+                await rt.remove_checkpoint(ck_id)
+
+    run(scenario())
+
+
+def test_checkpoint_in_use_cannot_be_deleted(rt: Runtime, parent: Session) -> None:
+    async def scenario() -> None:
+        ck = await rt.checkpoint(parent.id)
+        [child] = await rt.fork(ck.id, 1)
+        assert isinstance(child, Session)
+        with pytest.raises(Conflict, match=child.id):
+            await rt.remove_checkpoint(ck.id)
+        await rt.remove(child.id)
+        await rt.remove_checkpoint(ck.id)
+        assert not (rt.home.checkpoints / ck.id).exists()
+
+    run(scenario())
+
+
+def test_killed_qemu_marks_session_crashed_and_rollback_revives_it(rt: Runtime) -> None:
+    async def scenario() -> None:
+        session = await rt.create()
+        try:
+            ck = await rt.checkpoint(session.id)
+            pid = rt.store.get_session(session.id).qemu_pid
+            assert pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while rt.get(session.id).state != "crashed":
+                assert time.monotonic() < deadline, "session never became crashed"
+                await asyncio.sleep(0.1)
+            with pytest.raises(Conflict, match="crashed"):
+                await rt.exec(session.id, "true")
+            revived = await rt.rollback(session.id)
+            assert revived.state == "running"
+            assert (await rt.exec(session.id, "true")).exit_code == 0
+        finally:
+            await rt.remove(session.id)
+        await rt.remove_checkpoint(ck.id)
+
+    run(scenario())
+
+
+def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime) -> None:
+    async def scenario() -> None:
+        session = await rt.create()
+        try:
+            record = rt.store.get_session(session.id)
+            files = rt.files(session.id)
+            before = {c.id for c in rt.list_checkpoints(session.id)}
+            machine = await Machine.adopt(files, record.qemu_pid or 0)
+            try:
+                with pytest.raises(QemuError) as info:
+                    # /dev/full: every write fails with ENOSPC, as on a full disk
+                    await machine.checkpoint(
+                        rt.home.layers / new_layer_name(), Path("/dev/full"),
+                        files.ram(record.generation), rt.home.cache / "unused-ram",
+                    )  # fmt: skip
+                assert "saving device state failed" in info.value.message
+                assert info.value.log_tail  # QEMU's own log is attached
+                assert await machine.status() == "running"
+            finally:
+                await machine.close()
+            assert (await rt.exec(session.id, "echo alive")).stdout == b"alive\n"
+            assert {c.id for c in rt.list_checkpoints(session.id)} == before
+            # the next checkpoint notices the VM moved to the new overlay and still works
+            ck = await rt.checkpoint(session.id)
+            await rt.remove_checkpoint(ck.id)
+        finally:
+            await rt.remove(session.id)
+
+    run(scenario())
+
+
+def test_checkpoint_killed_halfway_leaves_nothing_visible(rt: Runtime) -> None:
+    async def scenario() -> None:
+        session = await rt.create()
+        try:
+            before = {c.id for c in rt.list_checkpoints(session.id)}
+            visible_before = {p.name for p in rt.home.checkpoints.iterdir()}
+            script = (
+                "import asyncio\nfrom forkpoint.runtime import Runtime\n"
+                f"asyncio.run(Runtime.open().checkpoint({session.id!r}))"
+            )
+            proc = subprocess.Popen([sys.executable, "-c", script])
+            deadline = time.monotonic() + 60
+            while not any(p.name.startswith(".tmp-") for p in rt.home.checkpoints.iterdir()):
+                assert proc.poll() is None, "checkpoint finished before it could be killed"
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.001)
+            proc.kill()
+            proc.wait()
+            assert {c.id for c in rt.list_checkpoints(session.id)} == before
+            visible = {p.name for p in rt.home.checkpoints.iterdir()} - visible_before
+            assert all(name.startswith(".tmp-") for name in visible), visible
+            # the session is not lost: it answers (resumed if left paused) and checkpoints
+            assert (await rt.exec(session.id, "echo alive")).stdout == b"alive\n"
+            ck = await rt.checkpoint(session.id)
+            await rt.remove_checkpoint(ck.id)
+        finally:
+            await rt.remove(session.id)
+
+    run(scenario())
+
+
+def test_manifest_refuses_another_qemu_build_or_shape(rt: Runtime, parent: Session) -> None:
+    async def scenario() -> None:
+        ck = await rt.checkpoint(parent.id)
+        try:
+            manifest = read_manifest(rt.home.checkpoints / ck.id)
+            machine = manifest["machine"]
+            here = MachineShape(
+                machine["memory_mib"], machine["cpus"], machine["accel"], machine["qemu"]
+            )
+            check_compatible(ck.id, manifest, here)  # the same build: accepted
+            for other in (
+                MachineShape(machine["memory_mib"], machine["cpus"], machine["accel"], "9.9.9#0"),
+                MachineShape(
+                    machine["memory_mib"] * 2, machine["cpus"], machine["accel"], machine["qemu"]
+                ),
+                MachineShape(
+                    machine["memory_mib"],
+                    machine["cpus"],
+                    "kvm" if machine["accel"] == "tcg" else "tcg",
+                    machine["qemu"],
+                ),
+            ):
+                with pytest.raises(IncompatibleCheckpoint, match=ck.id):
+                    check_compatible(ck.id, manifest, other)
+        finally:
+            await rt.remove_checkpoint(ck.id)
+
+    run(scenario())

@@ -1,0 +1,250 @@
+"""The SDK against a real ``forkpoint serve`` (unix socket): the flagship scenario, plus
+embedded mode, the generated sync twin, and error mapping.
+
+The server runs on the default ``$FORKPOINT_HOME`` (the guest image lives there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from forkpoint.errors import ForkpointError, InvalidInput, NotFound
+from forkpoint.sdk import (
+    AsyncCheckpoint,
+    AsyncSandbox,
+    BackgroundProcess,
+    Checkpoint,
+    CommandResult,
+    Sandbox,
+    error_from_payload,
+)
+
+FORKPOINT = Path(sys.executable).with_name("forkpoint")
+PAGE = "<h1>forkpoint flagship</h1>\n"
+SERVER_START_S = 120.0  # python's http.server takes 10-20 s to start under TCG (more if busy)
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    sock = tmp_path_factory.mktemp("sdk") / "api.sock"
+    proc = subprocess.Popen(
+        [str(FORKPOINT), "serve", "--socket", str(sock)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"forkpoint serve did not start: {proc.communicate()}")
+            time.sleep(0.1)
+        yield f"unix:{sock}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def vm_ready() -> None:
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed")
+    from forkpoint.images import get_image
+
+    try:
+        get_image("default")
+    except NotFound:
+        pytest.skip("no default image: run `forkpoint image build`")
+
+
+async def _fetch(client: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        response = await client.get(url + "/", timeout=5)
+    except httpx.TransportError:
+        return None
+    return response.text if response.status_code == 200 else None
+
+
+async def _wait_serving(client: httpx.AsyncClient, url: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        body = await _fetch(client, url)
+        if body is not None:
+            return body
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+async def _wait_silent(client: httpx.AsyncClient, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await _fetch(client, url) is None:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{url} still answers after {timeout_s:.0f} s")
+
+
+async def _server_pids(sb: AsyncSandbox) -> list[int]:
+    """Pids of the server (and of the ``sh -c`` that started it, if it still waits)."""
+    return sorted(p.pid for p in await sb.commands.ps() if "http.server" in p.cmd)
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(900)
+def test_flagship_scenario(api: str, vm_ready: None) -> None:
+    asyncio.run(_flagship(api))
+
+
+async def _flagship(api: str) -> None:
+    sb = await AsyncSandbox.create(ports=[8000], base_url=api)
+    forks: list[AsyncSandbox | ForkpointError] = []
+    ck: AsyncCheckpoint | None = None
+    async with httpx.AsyncClient() as http:
+        try:
+            await sb.files.write("/app/index.html", PAGE)
+            assert await sb.files.read_text("/app/index.html") == PAGE
+            assert [e.name for e in await sb.files.list("/app")] == ["index.html"]
+            started = await sb.commands.run(
+                "python3 -m http.server 8000", background=True, cwd="/app"
+            )
+            assert isinstance(started, BackgroundProcess)
+            url = sb.ports.url(8000)
+            assert url is not None and url.startswith("http://127.0.0.1:")
+            assert await sb.ports.forward(8000) == url  # idempotent
+            assert await _wait_serving(http, url, SERVER_START_S) == PAGE
+            pids = await _server_pids(sb)
+            assert pids
+
+            ck = await sb.checkpoint("serving")
+            assert ck.info["session_id"] == sb.id
+            forks = await ck.fork(3)
+            assert all(isinstance(f, AsyncSandbox) for f in forks), forks
+            fork_urls = set()
+            for fork in forks:
+                assert isinstance(fork, AsyncSandbox)
+                fork_url = fork.ports.url(8000)
+                assert fork_url is not None and fork_url != url
+                fork_urls.add(fork_url)
+                # Nobody started the server in the fork: it woke up serving.
+                assert await _wait_serving(http, fork_url, 30) == PAGE
+                assert await _server_pids(fork) == pids
+            assert len(fork_urls) == 3
+
+            for pid in pids:
+                await sb.commands.kill(pid)
+            await sb.files.remove("/app")
+            await _wait_silent(http, url, 30)
+            with pytest.raises(NotFound):
+                await sb.files.read("/app/index.html")
+
+            await sb.rollback(ck)
+            assert sb.ports.url(8000) == url  # same session, same host port
+            assert await _wait_serving(http, url, 30) == PAGE
+            assert await _server_pids(sb) == pids  # restored from memory, not restarted
+            assert await sb.files.read_text("/app/index.html") == PAGE
+        finally:
+            for fork in forks:
+                if isinstance(fork, AsyncSandbox):
+                    await fork.kill()
+            await sb.kill()
+            if ck is not None:
+                await ck.remove()
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_embedded_mode(vm_ready: None) -> None:
+    async def scenario() -> None:
+        async with await AsyncSandbox.create() as sb:  # killed on exit
+            assert "embedded" in repr(sb)
+            result = await sb.commands.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+            assert isinstance(result, CommandResult)
+            assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+            await sb.files.write("/tmp/x.bin", b"\x00\xff")
+            assert await sb.files.read("/tmp/x.bin") == b"\x00\xff"
+            assert (await sb.commands.run("cat", stdin="piped")).stdout == "piped"
+            session_id = sb.id
+        with pytest.raises(NotFound):
+            await AsyncSandbox.connect(session_id)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_sync_twin_runs(api: str, vm_ready: None) -> None:
+    with Sandbox.create(base_url=api) as sb:
+        assert isinstance(sb, Sandbox)
+        result = sb.commands.run("echo sync")
+        assert isinstance(result, CommandResult)
+        assert result.stdout == "sync\n"
+        sb.files.write("/tmp/s.txt", "twin")
+        assert sb.files.read_text("/tmp/s.txt") == "twin"
+        again = Sandbox.connect(sb.id, base_url=api)
+        assert again.id == sb.id and again.info["state"] == "running"
+        again.close()
+        session_id = sb.id
+    with pytest.raises(NotFound):
+        Sandbox.connect(session_id, base_url=api)
+
+
+def test_sync_twin_is_derived_from_the_async_core() -> None:
+    for sync_cls, async_cls in [(Sandbox, AsyncSandbox), (Checkpoint, AsyncCheckpoint)]:
+        public = {
+            name
+            for name, member in vars(async_cls).items()
+            if not name.startswith("_")
+            and (
+                inspect.iscoroutinefunction(getattr(async_cls, name))
+                or isinstance(member, property)
+            )
+        }
+        assert public, async_cls
+        for name in public:
+            assert hasattr(sync_cls, name), f"{sync_cls.__name__}.{name} missing"
+            async_doc = inspect.getdoc(getattr(async_cls, name))
+            assert inspect.getdoc(getattr(sync_cls, name)) == async_doc, name
+            assert not inspect.iscoroutinefunction(getattr(sync_cls, name)), name
+    assert hasattr(Sandbox, "__enter__") and hasattr(Sandbox, "__exit__")
+
+
+def test_errors_come_back_as_their_classes(api: str) -> None:
+    async def scenario() -> None:
+        with pytest.raises(NotFound):
+            await AsyncSandbox.connect("s-0000000000", base_url=api)
+        with pytest.raises(NotFound):
+            await AsyncCheckpoint.get("c-0000000000", base_url=api)
+        with pytest.raises(InvalidInput):
+            await AsyncSandbox.create(memory_mib=1, base_url=api)
+        with pytest.raises(InvalidInput):
+            await AsyncSandbox.create(base_url="ftp://nowhere")
+
+    asyncio.run(scenario())
+    with pytest.raises(NotFound):
+        Sandbox.connect("s-0000000000", base_url=api)  # the same class through the twin
+    timeout = error_from_payload(408, {"error": {"code": "timeout", "message": "too slow"}})
+    assert type(timeout).__name__ == "CommandTimeout" and timeout.message == "too slow"
+    assert isinstance(error_from_payload(502, None), ForkpointError)
+
+
+def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        with pytest.raises(ForkpointError, match="cannot reach"):
+            await AsyncSandbox.connect("x", base_url=f"unix:{tmp_path / 'none.sock'}")
+
+    asyncio.run(scenario())
