@@ -165,7 +165,7 @@ def test_chains_five_levels_deep(rt: Runtime, parent: Session) -> None:
                 ck = await rt.checkpoint(current)
                 checkpoints.append(ck.id)
                 [child] = await rt.fork(ck.id, 1)
-                assert isinstance(child, Session), child
+                assert isinstance(child, Session), (child, getattr(child, "log_tail", ""))
                 made.append(child.id)
                 await rt.write_file(child.id, "/data/scratch", b"to be rolled back")
                 await rt.rollback(child.id)  # back to ck: scratch is gone

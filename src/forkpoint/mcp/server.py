@@ -59,6 +59,7 @@ def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 
 
 Port = Annotated[int, Field(ge=1, le=65535, description="TCP port inside the guest.")]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 
 
 def build_server(runtime: Runtime) -> MCPServer:
@@ -69,10 +70,10 @@ def build_server(runtime: Runtime) -> MCPServer:
 
     @_tool_errors
     async def create_session(
-        image: str = "default",
+        image: Name = "default",
         memory_mib: Annotated[int, Field(ge=128, le=65536)] = 512,
         cpus: Annotated[int, Field(ge=1, le=64)] = 1,
-        name: str | None = None,
+        name: Name | None = None,
         ports: list[Port] | None = None,
     ) -> dict[str, Any]:
         """Create a session (a microVM) from an image; ``ports`` are guest ports to forward

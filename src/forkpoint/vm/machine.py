@@ -18,7 +18,7 @@ from forkpoint.errors import QemuError
 from forkpoint.vm.argv import RamFile, build_argv
 from forkpoint.vm.build import QemuBuild
 from forkpoint.vm.files import VmFiles
-from forkpoint.vm.process import is_running, kill_and_wait, spawn_detached
+from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
 from forkpoint.vm.ramfile import sparse_copy
 from forkpoint.vm.shape import BootFiles, MachineShape
@@ -89,9 +89,11 @@ class Machine:
                 await machine._wait_incoming()
             return machine
         except QemuError as error:
+            status = exit_status(pid)
             kill_and_wait(pid, files.name)
             raise QemuError(
-                f"{files.name}: QEMU did not start: {error.message}", log_tail=files.log_tail()
+                f"{files.name}: QEMU did not start ({status}): {error.message}",
+                log_tail=files.log_tail(),
             ) from None
         finally:
             if state_fd is not None:

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["is_running", "kill_and_wait", "spawn_detached"]
+__all__ = ["exit_status", "is_running", "kill_and_wait", "spawn_detached"]
 
 # Children we spawned, kept so they are reaped instead of lingering as zombies.
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -35,6 +35,17 @@ def spawn_detached(argv: list[str], log: Path, pass_fds: tuple[int, ...] = ()) -
     return proc.pid
 
 
+def exit_status(pid: int) -> str:
+    """How a child we spawned ended ("exit code 1", "killed by SIGKILL"), if known."""
+    proc = _children.get(pid)
+    code = proc.poll() if proc is not None else None
+    if code is None:
+        return "unknown exit status"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
 def _reap(pid: int) -> None:
     proc = _children.get(pid)
     if proc is not None and proc.poll() is not None:
@@ -52,7 +63,13 @@ def is_running(pid: int | None, marker: str) -> bool:
     except OSError:
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X") and marker.encode() in cmdline
+    if state in ("Z", "X"):
+        return False
+    if not cmdline:
+        # Mid-exec (just spawned) or mid-exit, /proc shows no command line for a moment.
+        child = _children.get(pid)
+        return child.poll() is None if child is not None else state != "I"
+    return marker.encode() in cmdline
 
 
 def kill_and_wait(pid: int | None, marker: str, timeout_s: float = 10.0) -> None:
