@@ -1,13 +1,34 @@
-"""Shared test setup: on a failing test, show what the VMs it touched printed."""
+"""Shared test setup.
+
+Tests run in their own ``$FORKPOINT_HOME`` (``<home>/test-home``), so a test run never
+touches a user's sessions; it shares the real home's image and download caches, so the
+guest image is built once. On a failing VM test, the QEMU log and serial console of the
+VMs it touched are shown.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Generator
 
 import pytest
 
 from forkpoint.config import home
+
+
+def _use_test_home() -> None:
+    real = home().ensure()
+    test_root = real.root / "test-home"
+    test_root.mkdir(exist_ok=True)
+    for shared in ("images", "cache"):
+        link = test_root / shared
+        if not link.is_symlink():
+            link.symlink_to(real.root / shared)
+    os.environ["FORKPOINT_HOME"] = str(test_root)
+
+
+_use_test_home()
 
 
 def _recent_vm_logs(since: float) -> str:
@@ -41,3 +62,31 @@ def pytest_runtest_makereport(
         logs = _recent_vm_logs(since=time.time() - report.duration - 5)
         if logs:
             report.sections.append(("QEMU log and serial console", logs))
+
+
+def _remove_all_test_sessions() -> None:
+    """Idle TCG guests still burn CPU: never let a failed test's VMs slow the rest."""
+    import asyncio
+
+    from forkpoint.errors import ForkpointError
+    from forkpoint.runtime import Runtime
+
+    if not home().db.exists():
+        return
+    rt = Runtime.open()
+    try:
+        for leftover in rt.list_sessions():
+            try:
+                asyncio.run(rt.remove(leftover.id))
+            except ForkpointError:
+                pass
+    finally:
+        rt.close()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _remove_all_test_sessions()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _remove_all_test_sessions()

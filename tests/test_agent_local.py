@@ -35,7 +35,7 @@ from forkpoint.protocol import (
     request_message,
 )
 
-pytestmark = pytest.mark.timeout(20)
+pytestmark = pytest.mark.timeout(120)  # generous: CI shares 2 cores with VMs
 
 
 @pytest.fixture(scope="session")

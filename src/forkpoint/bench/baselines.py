@@ -36,6 +36,7 @@ from forkpoint.vm import (
     create_sparse,
     sparse_copy,
 )
+from forkpoint.vm.process import kill_and_wait
 
 __all__ = ["Baselines", "CheckpointFiles"]
 
@@ -83,6 +84,25 @@ class Baselines:
         self._count += 1
         directory = self.scratch / f"vm-{self._count}"
         return VmFiles(directory, f"forkpoint-bench-{self._token}-{self._count}").ensure()
+
+    def kill_strays(self) -> int:
+        """Kill QEMUs of this run that outlived their method (a start interrupted by
+        Ctrl-C is not killed by ``Machine.start``); returns how many. They are found by
+        this run's unique token in their ``-name``."""
+        marker = f"forkpoint-bench-{self._token}-"
+        killed = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            names = [a.decode(errors="replace") for a in argv if a.startswith(marker.encode())]
+            if names:
+                kill_and_wait(int(entry.name), names[0])
+                killed += 1
+        return killed
 
     @staticmethod
     def _discard(files: VmFiles) -> None:
@@ -164,8 +184,7 @@ class Baselines:
         VM whose RAM is private memory. Then, ``reps`` times: save it through migration
         (all of RAM goes into the state file), kill it, and restore that file into a
         fresh private-RAM VM, timed until its agent answers — the naive design's steady
-        state of checkpoint, restore, checkpoint. (Each VM saves once: a second migration
-        out of the same QEMU 7.2 process wrote a state that does not load.)
+        state of checkpoint, restore, checkpoint (and each VM migrates out only once).
         """
         files = self._files()
         disk = files.dir / "disk.qcow2"

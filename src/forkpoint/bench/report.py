@@ -6,7 +6,7 @@
                {p50_ms, p95_ms, n, target_ms, meets_target}
     baselines  {cold_boot_create, full_ram_checkpoint, full_ram_restore,
                 qemu_start_floor, ram_copy_floor}: {p50_ms, p95_ms, n}
-    memory     {fork20_total_mib, method, target_mib, meets_target}
+    memory     {fork20_total_mib, method, forks_measured, target_mib, meets_target}
     scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, checkpoint_mib}]
     host       {cpus, accel, qemu_version}
     targets    {create, checkpoint, fork3, rollback, fork20: ms; fork20_memory_mib: MiB}
@@ -198,10 +198,11 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         lines.append("Not measured.")
     else:
         mark = "✅" if memory.get("meets_target") else "❌"
+        live = int(memory.get("forks_measured") or count)
         lines.append(
-            f"{count} live forks use **{total:.0f} MiB** of host memory together "
+            f"{live} live forks use **{total:.0f} MiB** of host memory together "
             f"({memory['method'].upper()} of their QEMU and network processes; "
-            f"{total / count:.0f} MiB each); target ≤ {memory['target_mib']} MiB {mark}."
+            f"{total / live:.0f} MiB each); target ≤ {memory['target_mib']} MiB {mark}."
         )
     lines += [
         "",

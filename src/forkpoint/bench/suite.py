@@ -87,6 +87,7 @@ class Suite:
         self.log = log
         self._sessions: set[str] = set()
         self.fork_failures = 0
+        self._baseline_runner: Baselines | None = None
         self._checkpoints: list[str] = []
         self._scratch = runtime.home.cache / f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._http = httpx.AsyncClient(timeout=5.0, trust_env=False)
@@ -152,7 +153,11 @@ class Suite:
                 serving.append(await self._count_serving(forks))
                 if not memory:
                     total = sum(self._session_pss_mib(s.id) for s in forks)
-                    memory = {"fork20_total_mib": round(total, 1), "method": "pss"}
+                    memory = {
+                        "fork20_total_mib": round(total, 1),
+                        "method": "pss",
+                        "forks_measured": len(forks),  # fewer than 20 if some failed
+                    }
                     self.log(f"memory of {wide} live forks: {total:.0f} MiB (PSS)")
             finally:
                 await self._remove_sessions(forks)
@@ -254,6 +259,7 @@ class Suite:
         plan = self.plan
         self._scratch.mkdir(parents=True, exist_ok=True)
         runner = Baselines(self.runtime.build, shape, boot, image, self._scratch, self.log)
+        self._baseline_runner = runner
         ck_dir = self.runtime.home.checkpoints / checkpoint_id
         record = self.runtime.store.get_checkpoint(checkpoint_id)
         files = CheckpointFiles(
@@ -390,6 +396,10 @@ class Suite:
             except ForkpointError as error:
                 self.log(f"cleanup: checkpoint {checkpoint_id}: {error.message}")
         self._checkpoints.clear()
+        if self._baseline_runner is not None:
+            strays = self._baseline_runner.kill_strays()
+            if strays:
+                self.log(f"cleanup: killed {strays} baseline VM(s)")
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 

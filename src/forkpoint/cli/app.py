@@ -20,13 +20,13 @@ def _register_all() -> None:
     from forkpoint.cli import bench, browser, checkpoints, demo, guest, images, serve, sessions
 
     images.register(app)
-    browser.register(app)
-    serve.register(app)
     sessions.register(app)
     guest.register(app)
     checkpoints.register(app)
+    browser.register(app)
     demo.register(app)
     bench.register(app)
+    serve.register(app)
 
 
 def main() -> None:

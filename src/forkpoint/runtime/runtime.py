@@ -171,8 +171,8 @@ class Runtime:
             return await self._boot_template(image, shape)
 
     async def _boot_template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
-        files = VmFiles(self.home.sessions / f"template-{image.hash}-{shape.key}", "x")
-        files = VmFiles(files.dir, f"forkpoint-{files.dir.name}")
+        directory = self.home.sessions / f"template-{image.hash}-{shape.key}"
+        files = VmFiles(directory, f"forkpoint-{directory.name}")
         shutil.rmtree(files.dir, ignore_errors=True)
         files.ensure()
         base = new_layer_name()
