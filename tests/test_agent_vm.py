@@ -32,6 +32,7 @@ from forkpoint.vm import (
     host_tsc_khz,
     qemu_build,
 )
+from forkpoint.vm.process import kill_and_wait
 
 pytestmark = pytest.mark.vm
 
@@ -58,6 +59,11 @@ class BootedVm:
         self.machine = await Machine.start(
             build, shape, boot, self.files, disk, RamFile(self.files.ram(0), True)
         )
+        await self.machine.close()  # the monitor belongs to this event loop; QEMU runs on
+
+    def kill(self) -> None:
+        if self.machine is not None:
+            kill_and_wait(self.machine.pid, self.files.name)
 
     async def connect(self) -> AgentClient:
         return await AgentClient.connect(self.files.agent_socket, timeout=180)
@@ -73,8 +79,7 @@ def vm(request: pytest.FixtureRequest) -> Iterator[Connect]:
             try:
                 yield booted.connect
             finally:
-                assert booted.machine is not None
-                asyncio.run(booted.machine.kill())
+                booted.kill()
     else:
         rt = Runtime.open()
         session: Session = asyncio.run(rt.create())

@@ -164,5 +164,7 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     assert [row["in_use_mib"] for row in result["scaling"]] == [64, 256]
     assert all(row["checkpoint_p50_ms"] > 0 for row in result["scaling"])
     assert result["host"]["cpus"] >= 1 and result["host"]["accel"] in ("kvm", "tcg")
-    if quiet_host:  # the one-minute promise holds on a host that is not busy elsewhere
+    # The one-minute promise needs guest code at native speed: under TCG fork x20 alone
+    # takes 20-30 s and a cold boot 15 s on a 2-core host. Hold it on a quiet KVM host.
+    if quiet_host and result["host"]["accel"] == "kvm":
         assert wall < 60, f"quick bench took {wall:.0f} s"

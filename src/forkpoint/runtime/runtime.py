@@ -37,6 +37,7 @@ from forkpoint.store import (
     SessionRecord,
     SessionState,
     Store,
+    global_lock,
     global_lock_async,
     new_checkpoint_id,
     session_lock_async,
@@ -168,7 +169,8 @@ class Runtime:
             existing = self.store.get_template(image.hash, shape.key)
             if existing and (self._checkpoint_dir(existing) / STATE).exists():
                 return self.store.get_checkpoint(existing)
-            return await self._boot_template(image, shape)
+            async with global_lock_async(self.home, "gc", timeout_s=300):
+                return await self._boot_template(image, shape)
 
     async def _boot_template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
         directory = self.home.sessions / f"template-{image.hash}-{shape.key}"
@@ -202,7 +204,6 @@ class Runtime:
         finally:
             await machine.kill()
             shutil.rmtree(files.dir, ignore_errors=True)
-            self.gc()
 
     async def _start_session(
         self,
@@ -271,19 +272,25 @@ class Runtime:
             stop_passt(files, pid)
 
     def gc(self) -> list[str]:
-        """Delete disk layers nothing depends on any more; returns their names."""
+        """Delete disk layers nothing depends on any more; returns their names.
+
+        Opportunistic: skipped while another process builds an image template (its base
+        layer has no referrer until the template checkpoint exists).
+        """
         removed: list[str] = []
-        while True:
-            names = [n for n in self.store.unreferenced_layers() if n not in removed]
-            if not names:
-                return removed
-            for name in names:
-                try:
-                    self.store.delete_layer(name)
-                except ForkpointError:
-                    continue
-                (self.home.layers / name).unlink(missing_ok=True)
-                removed.append(name)
+        try:
+            with global_lock(self.home, "gc", timeout_s=0):
+                while names := [n for n in self.store.unreferenced_layers() if n not in removed]:
+                    for name in names:
+                        try:
+                            self.store.delete_layer(name)
+                        except ForkpointError:
+                            continue
+                        (self.home.layers / name).unlink(missing_ok=True)
+                        removed.append(name)
+        except Conflict:
+            pass  # busy: the next gc collects
+        return removed
 
     # -- checkpoint --------------------------------------------------------------------
 
