@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from forkpoint.errors import Conflict
 from forkpoint.runtime import Runtime
 from forkpoint.vm.net import GATEWAY
 
@@ -116,3 +117,22 @@ def _listening_addresses(pid: int) -> list[str]:
             local = line.split()[3]
             found.append(local.rsplit(":", 1)[0].strip("[]"))
     return found
+
+
+def test_network_none_has_no_outbound_and_no_forwards() -> None:
+    async def scenario() -> None:
+        rt = Runtime.open()
+        session = await rt.create(network="none")
+        try:
+            assert rt.store.get_session(session.id).aux_pids == ()  # no passt at all
+            result = await rt.exec(
+                session.id, ["python3", "-c", PROBE, GATEWAY, "53"], timeout=60
+            )
+            assert result.stdout.decode().startswith("REFUSED"), result.stdout
+            with pytest.raises(Conflict, match="no network"):
+                await rt.forward_port(session.id, 8000)
+        finally:
+            await rt.remove(session.id)
+            rt.close()
+
+    asyncio.run(scenario())

@@ -82,10 +82,17 @@ def guest_files() -> list[tuple[str, Path]]:
     return sorted(found.items())
 
 
+# The builder modules whose code decides what lands in an image (initramfs modules and
+# /init, rootfs layout): editing them must give a new hash, like editing the agent does.
+_BUILDER_MODULES = ("cpio.py", "initramfs.py", "kernel.py", "rootfs.py")
+
+
 def guest_files_digest() -> str:
-    """sha256 (hex) over the relative paths and contents of :func:`guest_files`."""
+    """sha256 (hex) over :func:`guest_files` and the image builder's own code."""
     digest = hashlib.sha256()
-    for rel, path in guest_files():
+    builder = Path(__file__).parent
+    files = [*guest_files(), *((f"images/{n}", builder / n) for n in _BUILDER_MODULES)]
+    for rel, path in files:
         digest.update(rel.encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
     return digest.hexdigest()
