@@ -125,9 +125,7 @@ def test_network_none_has_no_outbound_and_no_forwards() -> None:
         session = await rt.create(network="none")
         try:
             assert rt.store.get_session(session.id).aux_pids == ()  # no passt at all
-            result = await rt.exec(
-                session.id, ["python3", "-c", PROBE, GATEWAY, "53"], timeout=60
-            )
+            result = await rt.exec(session.id, ["python3", "-c", PROBE, GATEWAY, "53"], timeout=60)
             assert result.stdout.decode().startswith("REFUSED"), result.stdout
             with pytest.raises(Conflict, match="no network"):
                 await rt.forward_port(session.id, 8000)

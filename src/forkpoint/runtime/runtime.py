@@ -160,6 +160,17 @@ class Runtime:
             template, img, shape, name=name, guest_ports=list(ports), network=net
         )
 
+    async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
+        """Make sure the image's template exists (booting it once if needed); returns ms.
+
+        ``create`` does this itself; call it first to keep that one-time boot out of a
+        measurement.
+        """
+        started = time.perf_counter()
+        img = get_image(image)
+        await self._template(img, self._shape(img, memory_mib, cpus))
+        return (time.perf_counter() - started) * 1000
+
     async def _template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
         """The checkpoint of ``image`` booted to agent-ready for this machine shape."""
         existing = self.store.get_template(image.hash, shape.key)
