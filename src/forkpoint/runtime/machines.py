@@ -65,10 +65,13 @@ async def start_restored(
     """
     files.ensure()
     layer = new_layer_name()
-    await asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer)
     ram = files.ram(generation)
     ram.unlink(missing_ok=True)
-    await asyncio.to_thread(sparse_copy, checkpoint_dir / RAM, ram)
+    # Independent files: make the disk layer while the RAM is copied.
+    await asyncio.gather(
+        asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer),
+        asyncio.to_thread(sparse_copy, checkpoint_dir / RAM, ram),
+    )
     machine = await Machine.start(
         qemu_build(), shape, boot, files, home.layers / layer, RamFile(ram, True),
         state=checkpoint_dir / STATE,
