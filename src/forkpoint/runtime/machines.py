@@ -15,10 +15,9 @@ from pathlib import Path
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.config import Home
-from forkpoint.errors import ForkpointError
 from forkpoint.vm import BootFiles, Machine, MachineShape, RamFile, VmFiles, qemu_build, sparse_copy
 from forkpoint.vm.disk import create_overlay
-from forkpoint.vm.net import start_passt
+from forkpoint.vm.net import start_passt, stop_passt
 
 from .manifest import RAM, STATE
 
@@ -72,18 +71,23 @@ async def start_restored(
         asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer),
         asyncio.to_thread(sparse_copy, checkpoint_dir / RAM, ram),
     )
-    machine = await Machine.start(
-        qemu_build(), shape, boot, files, home.layers / layer, RamFile(ram, True),
-        state=checkpoint_dir / STATE,
-    )  # fmt: skip
+    machine: Machine | None = None
+    passt_pid = None
     try:
-        passt_pid = None
+        machine = await Machine.start(
+            qemu_build(), shape, boot, files, home.layers / layer, RamFile(ram, True),
+            state=checkpoint_dir / STATE,
+        )  # fmt: skip
         if network:
             passt_pid = await asyncio.to_thread(start_passt, files, forwards)
             await machine.announce()  # so passt learns the guest's MAC before any traffic
         await restore_identity(files, hostname)
-    except ForkpointError:
-        await machine.kill()
+    except BaseException:
+        # Nothing of a failed restore may linger: not the VM, its network, or its layer.
+        if machine is not None:
+            await machine.kill()
+        stop_passt(files, passt_pid)
+        (home.layers / layer).unlink(missing_ok=True)
         raise
     return Started(machine, passt_pid, layer)
 
