@@ -1,7 +1,9 @@
 """QEMU processes that outlive the forkpoint process that started them.
 
 A VM is found again by its pid (pidfile or store) and recognised by the unique ``-name``
-in its command line, so a recycled pid is never mistaken for it.
+in its command line, so a recycled pid is never mistaken for it. Children are started
+with ``posix_spawn`` (no Popen object to outlive, or to warn about at exit) and reaped
+here, so a long-running server never collects zombies.
 """
 
 from __future__ import annotations
@@ -10,46 +12,54 @@ import contextlib
 import os
 import select
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 __all__ = ["exit_status", "is_running", "kill_and_wait", "spawn_detached"]
 
-# Children we spawned, kept so they are reaped instead of lingering as zombies.
-_children: dict[int, subprocess.Popen[bytes]] = {}
+# Children we spawned and have not reaped yet, and the wait statuses of those we have.
+_children: set[int] = set()
+_exited: dict[int, int] = {}
 
 
 def spawn_detached(argv: list[str], log: Path, pass_fds: tuple[int, ...] = ()) -> int:
-    """Start ``argv`` in its own session with stdout/stderr appended to ``log``."""
+    """Start ``argv`` in its own session, stdin from /dev/null, stdout/stderr appended to
+    ``log``; the file descriptors in ``pass_fds`` are inherited under the same numbers."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
-    _children[proc.pid] = proc
-    return proc.pid
+        actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out.fileno(), 1),
+            (os.POSIX_SPAWN_DUP2, out.fileno(), 2),
+        ]
+        # dup2 onto itself clears close-on-exec in the child only: no other thread's
+        # child can inherit these descriptors by accident.
+        actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in pass_fds]
+        pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True)
+    _children.add(pid)
+    return pid
+
+
+def _reap(pid: int) -> None:
+    if pid not in _children:
+        return
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        _children.discard(pid)
+        return
+    if done:
+        _children.discard(pid)
+        _exited[pid] = status
 
 
 def exit_status(pid: int) -> str:
     """How a child we spawned ended ("exit code 1", "killed by SIGKILL"), if known."""
-    proc = _children.get(pid)
-    code = proc.poll() if proc is not None else None
-    if code is None:
+    _reap(pid)
+    if pid not in _exited:
         return "unknown exit status"
+    code = os.waitstatus_to_exitcode(_exited[pid])
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-def _reap(pid: int) -> None:
-    proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
-        del _children[pid]
 
 
 def is_running(pid: int | None, marker: str) -> bool:
@@ -67,13 +77,12 @@ def is_running(pid: int | None, marker: str) -> bool:
         return False
     if not cmdline:
         # Mid-exec (just spawned) or mid-exit, /proc shows no command line for a moment.
-        child = _children.get(pid)
-        return child.poll() is None if child is not None else state != "I"
+        return pid in _children or state != "I"
     return marker.encode() in cmdline
 
 
 def kill_and_wait(pid: int | None, marker: str, timeout_s: float = 10.0) -> None:
-    """SIGKILL the process if it is ours and wait until it is gone."""
+    """SIGKILL the process if it is ours and wait until it is gone (reaped if our child)."""
     if not is_running(pid, marker):
         return
     assert pid is not None
@@ -84,12 +93,8 @@ def kill_and_wait(pid: int | None, marker: str, timeout_s: float = 10.0) -> None
     try:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        proc = _children.pop(pid, None)
-        if proc is not None:
-            proc.wait(timeout_s)
-            return
-        deadline = time.monotonic() + timeout_s
-        while is_running(pid, marker) and time.monotonic() < deadline:
-            select.select([pidfd], [], [], 0.05)
+        # A pidfd becomes readable when the process exits, child or not.
+        select.select([pidfd], [], [], timeout_s)
+        _reap(pid)
     finally:
         os.close(pidfd)
