@@ -91,12 +91,9 @@ class Runtime:
     def files(self, session_id: str) -> VmFiles:
         return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
 
-    def _accel(self, image: Image) -> str:
-        return detect_accel(self.build, self.home.cache, image.kernel)
-
     def _shape(self, image: Image, memory_mib: int, cpus: int) -> MachineShape:
-        accel = self._accel(image)
-        return MachineShape.for_build(self.build, accel, memory_mib, cpus)  # type: ignore[arg-type]
+        accel = detect_accel(self.build, self.home.cache, image.kernel)
+        return MachineShape.for_build(self.build, accel, memory_mib, cpus)
 
     def _boot(self, image: Image, shape: MachineShape) -> BootFiles:
         return BootFiles(image.kernel, image.initrd, guest_cmdline(shape.accel, host_tsc_khz()))
@@ -108,8 +105,7 @@ class Runtime:
         """Notice a QEMU that died behind our back: the session becomes ``crashed``."""
         files = self.files(record.id)
         if record.state == SessionState.RUNNING and not is_running(record.qemu_pid, files.name):
-            for pid in record.aux_pids:
-                stop_passt(files, pid)
+            self._kill_processes(record)  # its passt has nothing left to serve
             return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
         return record
 

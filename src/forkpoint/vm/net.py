@@ -20,9 +20,9 @@ from pathlib import Path
 
 from forkpoint.errors import QemuError
 from forkpoint.vm.files import VmFiles
-from forkpoint.vm.process import is_running, kill_and_wait, spawn_detached
+from forkpoint.vm.process import kill_and_wait, spawn_detached
 
-__all__ = ["GATEWAY", "GUEST_ADDRESS", "passt_log", "passt_running", "start_passt", "stop_passt"]
+__all__ = ["GATEWAY", "GUEST_ADDRESS", "passt_log", "start_passt", "stop_passt"]
 
 GUEST_ADDRESS = "10.0.2.15"
 GATEWAY = "10.0.2.2"
@@ -80,7 +80,3 @@ def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]]) -> int:
 
 def stop_passt(files: VmFiles, pid: int | None) -> None:
     kill_and_wait(pid, files.name)
-
-
-def passt_running(files: VmFiles, pid: int | None) -> bool:
-    return is_running(pid, files.name)
