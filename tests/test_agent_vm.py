@@ -23,7 +23,6 @@ from forkpoint.vm import (
     BootFiles,
     Machine,
     MachineShape,
-    RamFile,
     VmFiles,
     create_overlay,
     create_sparse,
@@ -55,9 +54,9 @@ class BootedVm:
         self.files.ensure()
         disk = self.files.dir / "disk.qcow2"
         create_overlay(image.rootfs, disk)
-        create_sparse(self.files.ram(0), 512 << 20)
+        create_sparse(self.files.boot_ram, 512 << 20)
         self.machine = await Machine.start(
-            build, shape, boot, self.files, disk, RamFile(self.files.ram(0), True)
+            build, shape, boot, self.files, disk, self.files.boot_ram
         )
         await self.machine.close()  # the monitor belongs to this event loop; QEMU runs on
 

@@ -222,7 +222,7 @@ def test_killed_qemu_marks_session_crashed_and_rollback_revives_it(rt: Runtime) 
     run(scenario())
 
 
-def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime) -> None:
+def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path: Path) -> None:
     async def scenario() -> None:
         session = await rt.create()
         try:
@@ -235,7 +235,8 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime) -> None:
                     # /dev/full: every write fails with ENOSPC, as on a full disk
                     await machine.checkpoint(
                         rt.home.layers / new_layer_name(), Path("/dev/full"),
-                        files.ram(record.generation), rt.home.cache / "unused-ram",
+                        rt.home.checkpoints / str(record.parent_checkpoint) / "ram",
+                        tmp_path / "unused-ram",
                     )  # fmt: skip
                 assert "saving device state failed" in info.value.message
                 assert info.value.log_tail  # QEMU's own log is attached

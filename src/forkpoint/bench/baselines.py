@@ -30,7 +30,6 @@ from forkpoint.vm import (
     Machine,
     MachineShape,
     QemuBuild,
-    RamFile,
     VmFiles,
     create_overlay,
     create_sparse,
@@ -110,7 +109,7 @@ class Baselines:
         shutil.rmtree(files.sock_dir, ignore_errors=True)
 
     async def _start(
-        self, files: VmFiles, disk: Path, ram: RamFile, state: Path | None = None
+        self, files: VmFiles, disk: Path, ram: Path, state: Path | None = None
     ) -> tuple[Machine, float]:
         """``Machine.start``; returns the machine and the ``perf_counter()`` at which the
         attempt that succeeded began. Retried when QEMU seems to exit at start-up: just
@@ -137,9 +136,9 @@ class Baselines:
             started = time.perf_counter()
             disk = files.dir / "disk.qcow2"
             await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
-            create_sparse(files.ram(0), self.shape.memory_mib << 20)
+            create_sparse(files.boot_ram, self.shape.memory_mib << 20)
             prepared_s = time.perf_counter() - started
-            machine, began = await self._start(files, disk, RamFile(files.ram(0), True))
+            machine, began = await self._start(files, disk, files.boot_ram)
             try:
                 await _agent_hello(files, _COLD_BOOT_TIMEOUT_S)
                 samples.append((prepared_s + time.perf_counter() - began) * 1000)
@@ -156,8 +155,8 @@ class Baselines:
             files = self._files()
             disk = files.dir / "disk.qcow2"
             await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
-            create_sparse(files.ram(0), self.shape.memory_mib << 20)
-            machine, began = await self._start(files, disk, RamFile(files.ram(0), True))
+            create_sparse(files.boot_ram, self.shape.memory_mib << 20)
+            machine, began = await self._start(files, disk, files.boot_ram)
             samples.append((time.perf_counter() - began) * 1000)
             await machine.kill()
             self._discard(files)
@@ -189,8 +188,7 @@ class Baselines:
         files = self._files()
         disk = files.dir / "disk.qcow2"
         await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
-        await asyncio.to_thread(sparse_copy, checkpoint.ram, files.ram(0))
-        machine, _ = await self._start(files, disk, RamFile(files.ram(0), False), checkpoint.state)
+        machine, _ = await self._start(files, disk, checkpoint.ram, checkpoint.state)
         saves: list[float] = []
         restores: list[float] = []
         try:
@@ -205,8 +203,8 @@ class Baselines:
                 files = self._files()
                 disk = files.dir / "disk.qcow2"
                 await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
-                create_sparse(files.ram(0), self.shape.memory_mib << 20)
-                machine, began = await self._start(files, disk, RamFile(files.ram(0), False), state)
+                create_sparse(files.boot_ram, self.shape.memory_mib << 20)
+                machine, began = await self._start(files, disk, files.boot_ram, state)
                 await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)
                 restores.append((time.perf_counter() - began) * 1000)
                 state.unlink()

@@ -1,7 +1,7 @@
 """Starting a session's VM from a checkpoint, and the guest identity it wakes up with.
 
 Shared by create (from the image template), fork and rollback: the only difference is
-which session id, host ports and generation the restored VM gets.
+which session id and host ports the restored VM gets.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.config import Home
-from forkpoint.vm import BootFiles, Machine, MachineShape, RamFile, VmFiles, qemu_build, sparse_copy
+from forkpoint.vm import BootFiles, Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import create_overlay
 from forkpoint.vm.net import start_passt, stop_passt
 
@@ -52,30 +52,24 @@ async def start_restored(
     checkpoint_layer: str,
     shape: MachineShape,
     boot: BootFiles,
-    generation: int,
     forwards: list[tuple[int, int]],
     network: bool,
     hostname: str,
 ) -> Started:
     """Restore the checkpoint in ``checkpoint_dir`` as a running VM with these identities.
 
-    The VM gets a new top layer on the checkpoint's frozen one and its own copy of the
-    checkpoint RAM (sparse). On return the guest's clock, RNG and hostname are fresh.
+    The VM gets a new top layer on the checkpoint's frozen one and maps the checkpoint's
+    RAM file copy-on-write (nothing is copied). On return the guest's clock, RNG and
+    hostname are fresh.
     """
     files.ensure()
     layer = new_layer_name()
-    ram = files.ram(generation)
-    ram.unlink(missing_ok=True)
-    # Independent files: make the disk layer while the RAM is copied.
-    await asyncio.gather(
-        asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer),
-        asyncio.to_thread(sparse_copy, checkpoint_dir / RAM, ram),
-    )
+    await asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer)
     machine: Machine | None = None
     passt_pid = None
     try:
         machine = await Machine.start(
-            qemu_build(), shape, boot, files, home.layers / layer, RamFile(ram, True),
+            qemu_build(), shape, boot, files, home.layers / layer, checkpoint_dir / RAM,
             state=checkpoint_dir / STATE,
         )  # fmt: skip
         if network:

@@ -47,7 +47,6 @@ from forkpoint.vm import (
     BootFiles,
     Machine,
     MachineShape,
-    RamFile,
     VmFiles,
     create_sparse,
     detect_accel,
@@ -187,17 +186,17 @@ class Runtime:
         base = new_layer_name()
         await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
         self.store.insert_layer(base)
-        create_sparse(files.ram(0), shape.memory_mib << 20)
+        create_sparse(files.boot_ram, shape.memory_mib << 20)
         machine = await Machine.start(
             self.build, shape, self._boot(image, shape), files,
-            self.home.layers / base, RamFile(files.ram(0), True),
+            self.home.layers / base, files.boot_ram,
         )  # fmt: skip
         try:
             agent = await AgentClient.connect(files.agent_socket, timeout=_TEMPLATE_BOOT_TIMEOUT_S)
             async with agent:
                 await agent.hello()
             record = await self._write_checkpoint(
-                machine, files, 0, base, session_id=f"template-{image.hash}",
+                machine, files.boot_ram, base, session_id=f"template-{image.hash}",
                 name=None, kind=CheckpointKind.TEMPLATE, image=image, shape=shape,
                 parent=None, guest_ports=[],
             )  # fmt: skip
@@ -239,7 +238,7 @@ class Runtime:
                 forwards = [(await self._allocate_host_port(record.id, g), g) for g in guest_ports]
                 started = await start_restored(
                     self.home, files, self._checkpoint_dir(checkpoint.id), checkpoint.disk_layer,
-                    shape, self._boot(image, shape), 0, forwards,
+                    shape, self._boot(image, shape), forwards,
                     network == Network.USER, name or record.id,
                 )  # fmt: skip
                 with self.store.transaction():
@@ -321,7 +320,7 @@ class Runtime:
                 await machine.resume_if_paused()
                 layer = await self._sync_disk_layer(machine, record)
                 created = await self._write_checkpoint(
-                    machine, files, record.generation, layer,
+                    machine, self._ram_base(record), layer,
                     session_id=record.id, name=name, kind=CheckpointKind.USER, image=image,
                     shape=shape, parent=record.parent_checkpoint,
                     guest_ports=[p.guest_port for p in record.ports],
@@ -333,8 +332,7 @@ class Runtime:
     async def _write_checkpoint(
         self,
         machine: Machine,
-        files: VmFiles,
-        generation: int,
+        ram_base: Path,
         layer: str,
         *,
         session_id: str,
@@ -353,7 +351,7 @@ class Runtime:
         try:
             try:
                 stats = await machine.checkpoint(
-                    self.home.layers / new_top, tmp / STATE, files.ram(generation), tmp / RAM
+                    self.home.layers / new_top, tmp / STATE, ram_base, tmp / RAM
                 )
             finally:
                 # Whatever happened, record the layer the VM now writes to.
@@ -369,7 +367,8 @@ class Runtime:
                 "image": image.name, "image_hash": image.hash, "disk_layer": layer,
                 "parent_checkpoint": parent, "ports": guest_ports,
                 "ram_bytes": stats.ram_bytes, "state_bytes": stats.state_bytes,
-                "pause_ms": stats.pause_ms, "duration_ms": duration_ms,
+                "written_bytes": stats.written_bytes, "pause_ms": stats.pause_ms,
+                "duration_ms": duration_ms,
             }  # fmt: skip
             write_manifest(tmp, manifest)
             _fsync_dir(tmp)
@@ -401,6 +400,13 @@ class Runtime:
                 self.store.insert_layer(active, backing=record.disk_layer)
                 self.store.update_session(record.id, disk_layer=active)
         return active
+
+    def _ram_base(self, record: SessionRecord) -> Path:
+        """The RAM file the session's VM maps: that of the checkpoint it was restored from
+        (which therefore cannot be deleted while the session lives)."""
+        if record.parent_checkpoint is None:
+            raise InternalError(f"session {record.id} has no checkpoint to map its RAM from")
+        return self._checkpoint_dir(record.parent_checkpoint) / RAM
 
     def _checkpoint_named(self, name: str) -> bool:
         try:
@@ -499,12 +505,11 @@ class Runtime:
             check_compatible(target.id, read_manifest(self._checkpoint_dir(target.id)), shape)
             await asyncio.to_thread(self._kill_processes, record)
             files = self.files(record.id)
-            files.ram(record.generation).unlink(missing_ok=True)
             generation = record.generation + 1
             try:
                 started = await start_restored(
                     self.home, files, self._checkpoint_dir(target.id), target.disk_layer, shape,
-                    self._boot(image, shape), generation,
+                    self._boot(image, shape),
                     [(p.host_port, p.guest_port) for p in record.ports],
                     record.network == Network.USER, record.name or record.id,
                 )  # fmt: skip

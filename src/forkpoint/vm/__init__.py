@@ -4,7 +4,7 @@ Knows nothing of sessions or the database; the runtime combines it with the rest
 """
 
 from forkpoint.vm.accel import Accel, detect_accel
-from forkpoint.vm.argv import RamFile, build_argv, guest_cmdline
+from forkpoint.vm.argv import build_argv, guest_cmdline
 from forkpoint.vm.build import QemuBuild, qemu_build
 from forkpoint.vm.disk import create_overlay
 from forkpoint.vm.files import VmFiles
@@ -21,7 +21,6 @@ __all__ = [
     "MachineShape",
     "Network",
     "QemuBuild",
-    "RamFile",
     "VmFiles",
     "allocated_bytes",
     "build_argv",

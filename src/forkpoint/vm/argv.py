@@ -6,22 +6,13 @@ every VM — booted or restored — gets its argv from this one function.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from forkpoint.vm.build import QemuBuild
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.shape import BootFiles, MachineShape
 
-__all__ = ["RamFile", "build_argv", "guest_cmdline"]
-
-
-@dataclass(frozen=True)
-class RamFile:
-    """Guest RAM backing: ``shared`` maps it MAP_SHARED (writes land in the file)."""
-
-    path: Path
-    shared: bool
+__all__ = ["build_argv", "guest_cmdline"]
 
 
 def guest_cmdline(accel: str, tsc_khz: int | None) -> str:
@@ -38,10 +29,14 @@ def build_argv(
     boot: BootFiles,
     files: VmFiles,
     disk: Path,
-    ram: RamFile,
+    ram: Path,
     incoming: bool = False,
 ) -> list[str]:
-    """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``)."""
+    """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``).
+
+    Guest RAM maps the file ``ram`` privately (copy-on-write): the VM reads it, never
+    writes it (see :mod:`forkpoint.vm.written`).
+    """
     mem = f"{shape.memory_mib}M"
     argv = [
         str(build.binary),
@@ -51,8 +46,7 @@ def build_argv(
         "-smp", str(shape.cpus),
         "-nodefaults", "-no-user-config", "-display", "none",
         "-object",
-        f"memory-backend-file,id=mem,size={mem},mem-path={ram.path},"
-        f"share={'on' if ram.shared else 'off'}",
+        f"memory-backend-file,id=mem,size={mem},mem-path={ram},share=off",
         "-kernel", str(boot.kernel), "-initrd", str(boot.initrd), "-append", boot.cmdline,
         "-drive", f"id=d0,file={disk},format=qcow2,if=none",
         "-device", "virtio-blk-device,drive=d0",
@@ -65,6 +59,9 @@ def build_argv(
         "-serial", "chardev:ser0",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
         "-pidfile", str(files.pidfile),
+        # Device states are saved without RAM (xen-save-devices-state), which writes no
+        # configuration section; loading must not expect one either.
+        "-global", "migration.send-configuration=off",
         "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
     ]  # fmt: skip
     if incoming:

@@ -52,8 +52,10 @@ class VmFiles:
     def pidfile(self) -> Path:
         return self.dir / "qemu.pid"
 
-    def ram(self, generation: int) -> Path:
-        return self.dir / f"ram-{generation}"
+    @property
+    def boot_ram(self) -> Path:
+        """The empty RAM file a cold-booted VM maps (restored VMs map a checkpoint's)."""
+        return self.dir / "ram"
 
     def ensure(self) -> VmFiles:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkpoint.errors import QemuError
-from forkpoint.vm.argv import RamFile, build_argv
+from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
-from forkpoint.vm.ramfile import sparse_copy
+from forkpoint.vm.ramfile import allocated_bytes, sparse_copy
 from forkpoint.vm.shape import BootFiles, MachineShape
+from forkpoint.vm.written import copy_written_pages
 
 __all__ = ["CheckpointStats", "Machine"]
 
@@ -32,11 +33,18 @@ _MAX_BANDWIDTH = 64 << 30  # bytes/s
 
 @dataclass(frozen=True)
 class CheckpointStats:
-    """Where a checkpoint's time went (milliseconds) and how much RAM it copied (bytes)."""
+    """Where a checkpoint's time went (milliseconds) and what it stored (bytes).
+
+    ``base_copy_ms`` runs before the pause; ``pause_ms`` covers the disk snapshot,
+    ``device_state_ms`` and ``written_ms`` (copying the ``written_bytes`` the guest
+    changed since its RAM file was mapped).
+    """
 
     pause_ms: float
+    base_copy_ms: float
     device_state_ms: float
-    ram_copy_ms: float
+    written_ms: float
+    written_bytes: int
     ram_bytes: int
     state_bytes: int
 
@@ -59,10 +67,11 @@ class Machine:
         boot: BootFiles,
         files: VmFiles,
         disk: Path,
-        ram: RamFile,
+        ram: Path,
         state: Path | None = None,
     ) -> Machine:
-        """Start QEMU; with ``state``, restore that device state and run from it.
+        """Start QEMU on the RAM file ``ram`` (mapped copy-on-write; an empty sparse file
+        for a cold boot); with ``state``, restore that device state and run from it.
 
         Returns once the VM runs (restored) or has started booting (cold).
         :raises QemuError: QEMU exited, or did not come up within the start timeout.
@@ -142,12 +151,8 @@ class Machine:
         return str(result["status"])
 
     async def _configure_migration(self) -> None:
-        # RAM lives in a named shared file that forkpoint copies itself: migration only
-        # carries device state. QEMU's default bandwidth cap (128 MiB/s) must not apply.
-        await self._qmp.run(
-            "migrate-set-capabilities",
-            capabilities=[{"capability": "x-ignore-shared", "state": True}],
-        )
+        # Only the full-RAM baseline migrates RAM; QEMU's default cap (128 MiB/s) must
+        # not slow it down.
         await self._qmp.run("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
 
     async def _wait_incoming(self) -> None:
@@ -173,16 +178,21 @@ class Machine:
     # -- checkpoint --------------------------------------------------------------------
 
     async def checkpoint(
-        self, new_overlay: Path, state_dest: Path, ram_src: Path, ram_dest: Path
+        self, new_overlay: Path, state_dest: Path, ram_base: Path, ram_dest: Path
     ) -> CheckpointStats:
         """Freeze the running VM into files, then let it run on.
 
-        With the VM paused: the current disk layer is frozen and the VM continues on
-        ``new_overlay``; the device state is written to ``state_dest``; the RAM file
-        ``ram_src`` is copied sparsely to ``ram_dest``. The VM resumes even on failure.
+        ``ram_base`` is the file this VM's RAM maps (it never changes): it is copied to
+        ``ram_dest`` while the VM runs. Then, with the VM paused: the current disk layer
+        is frozen and the VM continues on ``new_overlay``; the device state (no RAM) is
+        written to ``state_dest``; the pages the guest wrote are copied over ``ram_dest``.
+        The VM resumes even on failure.
         :raises QemuError: QEMU's own error text plus the log tail.
         """
         started = time.perf_counter()
+        await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
+        base_copy_ms = (time.perf_counter() - started) * 1000
+        paused = time.perf_counter()
         await self._qmp.run("stop")
         try:
             await self._qmp.run(
@@ -194,32 +204,49 @@ class Machine:
             await self._save_device_state(state_dest)
             device_state_ms = (time.perf_counter() - t_state) * 1000
             t_ram = time.perf_counter()
-            ram_bytes = await asyncio.to_thread(sparse_copy, ram_src, ram_dest)
-            ram_copy_ms = (time.perf_counter() - t_ram) * 1000
+            written = await asyncio.to_thread(
+                copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest
+            )
+            written_ms = (time.perf_counter() - t_ram) * 1000
+        except LookupError as error:
+            raise QemuError(f"{self.files.name}: cannot read guest RAM: {error}") from None
         except QemuError as error:
             raise QemuError(error.message, log_tail=self.files.log_tail()) from None
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")
+        state_dest.chmod(0o444)
+        ram_dest.chmod(0o444)
         return CheckpointStats(
-            pause_ms=(time.perf_counter() - started) * 1000,
+            pause_ms=(time.perf_counter() - paused) * 1000,
+            base_copy_ms=base_copy_ms,
             device_state_ms=device_state_ms,
-            ram_copy_ms=ram_copy_ms,
-            ram_bytes=ram_bytes,
+            written_ms=written_ms,
+            written_bytes=written,
+            ram_bytes=allocated_bytes(ram_dest),
             state_bytes=state_dest.stat().st_size,
         )
+
+    async def _save_device_state(self, dest: Path) -> None:
+        # Despite its name this is QEMU's generic "every device but RAM" save. live=false:
+        # live=true would also hand the disks over to a migration target that is not there.
+        try:
+            await self._qmp.run("xen-save-devices-state", filename=str(dest), live=False)
+        except QemuError as error:
+            reason = error.message.rpartition("failed: ")[2]
+            raise QemuError(f"{self.files.name}: saving device state failed: {reason}") from None
 
     async def save_state(self, dest: Path) -> float:
         """Pause, migrate the whole VM state into ``dest``, resume; returns milliseconds.
 
-        Unlike :meth:`checkpoint` this freezes no disk layer and copies no RAM file: RAM
-        that is not a shared file goes through migration (the naive full-RAM baseline).
+        Unlike :meth:`checkpoint` this freezes no disk layer and all of RAM goes through
+        migration (the naive full-RAM baseline).
         :raises QemuError: QEMU's own error text plus the log tail.
         """
         started = time.perf_counter()
         await self._qmp.run("stop")
         try:
-            await self._save_device_state(dest)
+            await self._migrate_to(dest)
         except QemuError as error:
             raise QemuError(error.message, log_tail=self.files.log_tail()) from None
         finally:
@@ -227,7 +254,7 @@ class Machine:
                 await self._qmp.run("cont")
         return (time.perf_counter() - started) * 1000
 
-    async def _save_device_state(self, dest: Path) -> None:
+    async def _migrate_to(self, dest: Path) -> None:
         # fd: migration works on every QEMU (file: needs 8.2) and needs no spawn, which
         # the seccomp sandbox forbids (exec: would).
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
@@ -245,8 +272,8 @@ class Machine:
                 return
             if status in ("failed", "cancelled"):
                 desc = info.get("error-desc", "no error description")
-                raise QemuError(f"{self.files.name}: saving device state failed: {desc}")
+                raise QemuError(f"{self.files.name}: saving the VM state failed: {desc}")
             if time.monotonic() > deadline:
                 await self._qmp.run("migrate_cancel")
-                raise QemuError(f"{self.files.name}: saving device state timed out")
+                raise QemuError(f"{self.files.name}: saving the VM state timed out")
             await asyncio.sleep(0.001)

@@ -4,9 +4,8 @@ A 512 MiB guest that uses 80 MiB has an 80 MiB RAM file on disk; copying it must
 80 MiB, not 512. ``SEEK_DATA``/``SEEK_HOLE`` find the extents and ``copy_file_range``
 copies them inside the kernel (a reflink where the filesystem can).
 
-Every VM maps its *own* RAM file MAP_SHARED, because ``x-ignore-shared`` only skips
-shared RAM: a MAP_PRIVATE VM would stream all of its RAM into every checkpoint. So a
-fork or rollback starts with a sparse copy of the checkpoint's RAM file.
+A checkpoint's RAM file starts as a sparse copy of the file its VM maps (see
+:mod:`forkpoint.vm.written` for the pages written on top).
 """
 
 from __future__ import annotations
