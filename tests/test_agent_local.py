@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 import forkpoint
-from forkpoint.agent_client import AgentClient
+from forkpoint.agent_client import AgentClient, fresh_identity
 from forkpoint.errors import AgentError, CommandTimeout, InvalidInput, NotFound
 from forkpoint.protocol import (
     MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
     SYNC,
     SYNC_MAGIC,
     FrameDecoder,
@@ -139,7 +140,7 @@ async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
 def test_hello_and_exec_exit_codes(tmp_path: Path, guest_root: Path) -> None:
     async def body(agent: LocalAgent, c: AgentClient) -> None:
         assert c.info is not None and agent.proc is not None
-        assert c.info.pid == agent.proc.pid and c.info.protocol_version == 1
+        assert c.info.pid == agent.proc.pid and c.info.protocol_version == PROTOCOL_VERSION
         assert (await c.hello()).pid == agent.proc.pid
         for code in (0, 1, 42):
             r = await c.exec(f"exit {code}")
@@ -412,6 +413,24 @@ def test_restore_identity_validates_without_touching_the_host(
             await c.restore_identity(12, os.urandom(64))
         with pytest.raises(InvalidInput, match="hostname"):
             await c.restore_identity(now, os.urandom(64), "not a hostname")
+
+    run(tmp_path, guest_root, body)
+
+
+def test_hello_applies_the_identity_it_carries_and_reports_its_token(
+    tmp_path: Path, guest_root: Path
+) -> None:
+    async def body(agent: LocalAgent, c: AgentClient) -> None:
+        assert c.info is not None and c.info.identity_token is None
+        await c.close()
+        for token in ("s-1:0", "s-1:0", "s-1:1"):
+            reader, writer = await agent.accept()
+            identity = fresh_identity(token, "fork-1")
+            async with await AgentClient.over_streams(reader, writer, identity=identity) as c2:
+                assert c2.info is not None and c2.info.identity_token == token
+        reader, writer = await agent.accept()
+        async with await AgentClient.over_streams(reader, writer) as plain:
+            assert plain.info is not None and plain.info.identity_token == "s-1:1"
 
     run(tmp_path, guest_root, body)
 

@@ -6,11 +6,12 @@ from ..protocol import (
     HelloResult,
     ProcessInfo,
     RemoveResult,
+    RestoreIdentityArgs,
     RestoreIdentityResult,
     SpawnResult,
     StatResult,
 )
-from .client import AgentClient, OutputCallback
+from .client import AgentClient, OutputCallback, fresh_identity, post_identity
 
 __all__ = [
     "AgentClient",
@@ -20,7 +21,10 @@ __all__ = [
     "OutputCallback",
     "ProcessInfo",
     "RemoveResult",
+    "RestoreIdentityArgs",
     "RestoreIdentityResult",
     "SpawnResult",
     "StatResult",
+    "fresh_identity",
+    "post_identity",
 ]

@@ -7,12 +7,17 @@ pair of streams). Requests carry ids, so many can run at once over the connectio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import fcntl
 import logging
 import os
 import secrets
 import shlex
 import signal as signal_mod
+import struct
+import termios
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -64,7 +69,7 @@ from ..protocol import (
 )
 from ._errors import error_from_agent
 
-__all__ = ["AgentClient", "OutputCallback"]
+__all__ = ["AgentClient", "OutputCallback", "fresh_identity", "post_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,7 @@ _CONNECT_RETRY_S: Final = 0.01
 # slow (TCG) agent is not made to drop answers it is about to send.
 # Short first: right after a restore the guest may miss the first hello.
 _HELLO_RESEND_S: Final = (0.05, 0.1, 0.2, 0.5, 1.0)
+_POST_TIMEOUT_S: Final = 2.0
 _UPLOAD_WINDOW: Final = 4  # write_chunk requests in flight per upload
 _EXEC_GRACE_S: Final = 30.0  # beyond an exec's own timeout, for kill + reply
 
@@ -155,28 +161,19 @@ class AgentClient:
         *,
         timeout: float = 10.0,
         request_timeout: float | None = 60.0,
+        identity: RestoreIdentityArgs | None = None,
     ) -> AgentClient:
         """Connect to the agent socket at ``path`` and handshake, all within ``timeout`` s.
 
         Retries while the socket is missing or refuses (QEMU creates it a few ms after
-        starting, also after a restore). Raises AgentError on timeout.
+        starting, also after a restore). ``identity``: the agent applies it (once per
+        token) before answering. Raises AgentError on timeout.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                reader, writer = await asyncio.open_unix_connection(os.fspath(path))
-                break
-            except (FileNotFoundError, ConnectionRefusedError) as e:
-                if loop.time() >= deadline:
-                    raise AgentError(
-                        f"cannot connect to the agent socket {os.fspath(path)} "
-                        f"within {timeout:g} s: {e.strerror or e}"
-                    ) from None
-                await asyncio.sleep(_CONNECT_RETRY_S)
-            except OSError as e:
-                raise AgentError(f"cannot connect to the agent socket {path}: {e}") from None
-        return await cls._start(reader, writer, str(path), deadline, timeout, request_timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        reader, writer = await _open(path, deadline, timeout)
+        return await cls._start(
+            reader, writer, str(path), deadline, timeout, request_timeout, identity
+        )
 
     @classmethod
     async def over_streams(
@@ -187,11 +184,12 @@ class AgentClient:
         timeout: float = 10.0,
         request_timeout: float | None = 60.0,
         label: str = "agent",
+        identity: RestoreIdentityArgs | None = None,
     ) -> AgentClient:
         """Handshake over an existing connection within ``timeout`` s (the client owns it
-        from now on). Raises AgentError on timeout."""
+        from now on), as :meth:`connect` does. Raises AgentError on timeout."""
         deadline = asyncio.get_running_loop().time() + timeout
-        return await cls._start(reader, writer, label, deadline, timeout, request_timeout)
+        return await cls._start(reader, writer, label, deadline, timeout, request_timeout, identity)
 
     @classmethod
     async def _start(
@@ -202,16 +200,19 @@ class AgentClient:
         deadline: float,
         timeout: float,
         request_timeout: float | None,
+        identity: RestoreIdentityArgs | None,
     ) -> AgentClient:
         client = cls(reader, writer, label=label, request_timeout=request_timeout)
         try:
-            client.info = await client._handshake(deadline, timeout)
+            client.info = await client._handshake(deadline, timeout, identity)
         except BaseException:
             await client.close()
             raise
         return client
 
-    async def _handshake(self, deadline: float, timeout: float) -> HelloResult:
+    async def _handshake(
+        self, deadline: float, timeout: float, identity: RestoreIdentityArgs | None
+    ) -> HelloResult:
         """Send SYNC_MAGIC + hello(nonce) until an answer carries our nonce.
 
         The magic makes the agent drop anything left from an earlier connection (or from
@@ -231,10 +232,7 @@ class AgentClient:
                     )
                 rid, pend = self._register(None)
                 waiting[pend.future] = rid
-                frame = encode_frame(
-                    request_message(rid, Op.HELLO, to_wire(HelloArgs(nonce, PROTOCOL_VERSION)))
-                )
-                await self._send(SYNC_MAGIC + frame)
+                await self._send(SYNC_MAGIC + _hello_frame(rid, nonce, identity))
                 attempt += 1
                 done, _ = await asyncio.wait(
                     set(waiting),
@@ -600,6 +598,72 @@ class AgentClient:
         hostname. Raises InvalidInput for bad values or if the agent lacks privileges."""
         args = _model(RestoreIdentityArgs, time_ns=time_ns, entropy=entropy, hostname=hostname)
         return await self._simple(Op.RESTORE_IDENTITY, args, RestoreIdentityResult)
+
+
+def fresh_identity(token: str, hostname: str) -> RestoreIdentityArgs:
+    """The host's clock and 64 fresh random bytes, for the restore named ``token``."""
+    return RestoreIdentityArgs(time.time_ns(), os.urandom(64), hostname, token)
+
+
+async def post_identity(
+    path: str | os.PathLike[str], identity: RestoreIdentityArgs, timeout: float = _POST_TIMEOUT_S
+) -> bool:
+    """Hand a just-restored guest its identity without waiting for it to answer.
+
+    Under TCG a restored guest needs a good part of a second before its agent answers;
+    the VM is usable long before. Returns once QEMU has moved the request into the
+    guest's receive buffers (nothing is lost when we hang up then), or False if it did
+    not within ``timeout`` s. Every later connection sends the identity again in its
+    hello, so a lost one is applied by the next user of the agent at the latest.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        reader, writer = await _open(path, deadline, timeout)
+    except AgentError:
+        return False
+    try:
+        writer.write(SYNC_MAGIC + _hello_frame(1, secrets.token_hex(8), identity))
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        while _unread_bytes(sock.fileno()) > 0:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.001)
+        return True
+    except OSError:
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def _open(
+    path: str | os.PathLike[str], deadline: float, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return await asyncio.open_unix_connection(os.fspath(path))
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            if loop.time() >= deadline:
+                raise AgentError(
+                    f"cannot connect to the agent socket {os.fspath(path)} "
+                    f"within {timeout:g} s: {e.strerror or e}"
+                ) from None
+            await asyncio.sleep(_CONNECT_RETRY_S)
+        except OSError as e:
+            raise AgentError(f"cannot connect to the agent socket {path}: {e}") from None
+
+
+def _hello_frame(rid: int, nonce: str, identity: RestoreIdentityArgs | None) -> bytes:
+    args = HelloArgs(nonce, PROTOCOL_VERSION, identity)
+    return encode_frame(request_message(rid, Op.HELLO, to_wire(args)))
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes we sent on a unix socket that the peer has not read yet (SIOCOUTQ)."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0])
 
 
 def _chunks(data: bytes | bytearray | memoryview | IO[bytes]) -> Iterator[bytes]:

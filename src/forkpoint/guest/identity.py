@@ -2,7 +2,9 @@
 
 A restored or forked VM resumes with the clock and RNG state of the moment it was
 checkpointed, and every fork shares them: vmgenid does not work on microvm, so the host
-hands over its wall clock and fresh entropy after every restore.
+hands over its wall clock and fresh entropy after every restore. It sends that identity
+right after the restore without waiting, and again with every later hello: each identity
+carries a token naming its restore, and is applied once per token.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import fcntl
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Final
@@ -29,6 +32,7 @@ __all__ = ["RNDADDENTROPY", "RNDRESEEDCRNG", "IdentityOps", "boot_id"]
 # <linux/random.h>: _IOW('R', 0x03, int[2]) and _IO('R', 0x07)
 RNDADDENTROPY: Final = 0x40085203
 RNDRESEEDCRNG: Final = 0x5207
+_CLOCK_SLACK_NS: Final = 10_000_000
 
 
 def boot_id() -> str:
@@ -48,14 +52,29 @@ class IdentityOps:
     def __init__(self, *, dry_run: bool = False, hostname_file: str = "/etc/hostname") -> None:
         self.dry_run = dry_run
         self.hostname_file = hostname_file
+        self.applied_token: str | None = None
+        # Requests run in parallel threads, so an identity that arrived earlier can be
+        # handled later: e.g. one posted to a VM just before it was checkpointed, still
+        # unread, and the fork's own one behind it. The connection generation orders them.
+        self._applied_generation = -1
+        self._lock = threading.Lock()
 
     def hello(self, ctx: Context, args: HelloArgs) -> HelloResult:
+        if args.identity is not None:
+            with self._lock:
+                if ctx.generation < self._applied_generation:
+                    pass  # a newer connection already set the identity
+                elif args.identity.token is None or args.identity.token != self.applied_token:
+                    self._apply(ctx, args.identity)
+                elif not self.dry_run:
+                    _catch_up_clock(args.identity.time_ns)
         return HelloResult(
             nonce=args.nonce,
             protocol_version=PROTOCOL_VERSION,
             pid=os.getpid(),
             hostname=socket.gethostname(),
             boot_id=boot_id(),
+            identity_token=self.applied_token,
         )
 
     def restore_identity(self, ctx: Context, args: RestoreIdentityArgs) -> RestoreIdentityResult:
@@ -64,6 +83,14 @@ class IdentityOps:
         Raises OSError (e.g. PermissionError) naming the step that failed; steps before
         it have been applied.
         """
+        with self._lock:
+            return self._apply(ctx, args)
+
+    def _apply(self, ctx: Context, args: RestoreIdentityArgs) -> RestoreIdentityResult:
+        """Apply ``args`` and remember its token (the caller holds the lock)."""
+        self._applied_generation = max(self._applied_generation, ctx.generation)
+        if args.token is not None:
+            self.applied_token = args.token  # a failure below must not be retried forever
         if self.dry_run:
             return RestoreIdentityResult(
                 clock_set=False,
@@ -94,6 +121,21 @@ class IdentityOps:
             hostname=args.hostname,
             dry_run=False,
         )
+
+
+def _catch_up_clock(host_time_ns: int) -> None:
+    """Step the clock forward to ``host_time_ns`` if it is behind it.
+
+    The identity posted right after a restore is applied only once the guest gets to
+    run, so the clock it sets lags by that delay (a good part of a second under TCG).
+    The host's time in a later hello is a lower bound of the true time: moving up to it
+    never overshoots, and the clock never goes backwards.
+    """
+    if time.time_ns() < host_time_ns - _CLOCK_SLACK_NS:
+        try:
+            time.clock_settime_ns(time.CLOCK_REALTIME, host_time_ns)
+        except OSError:
+            pass  # not root: the first restore_identity already said so
 
 
 def _step(name: str, fn: Callable[..., object], *args: object) -> None:

@@ -31,7 +31,7 @@ __all__ = [
     "encode_frame",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 HEADER_BYTES: Final = 4
 MAX_FRAME_BYTES: Final = 4 * 1024 * 1024  # payload bytes, enforced on both sides
 SYNC_MAGIC: Final = b"\x00\x00\x00\x00\xffFORKPOINT-SYNC\xff"

@@ -105,8 +105,11 @@ class Empty:
 
 @dataclass(frozen=True, slots=True)
 class HelloArgs:
+    """``identity``: apply this restore identity first, unless its token already was."""
+
     nonce: str
     protocol_version: int
+    identity: RestoreIdentityArgs | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.nonce) <= 128:
@@ -115,11 +118,14 @@ class HelloArgs:
 
 @dataclass(frozen=True, slots=True)
 class HelloResult:
+    """``identity_token``: the token of the last restore identity applied (None: none)."""
+
     nonce: str
     protocol_version: int
     pid: int
     hostname: str
     boot_id: str
+    identity_token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,11 +362,15 @@ class KillArgs:
 
 @dataclass(frozen=True, slots=True)
 class RestoreIdentityArgs:
-    """Fresh identity after a restore: wall clock (ns since the epoch), entropy, hostname."""
+    """Fresh identity after a restore: wall clock (ns since the epoch), entropy, hostname.
+
+    ``token`` names the restore it belongs to: an agent applies each token once.
+    """
 
     time_ns: int
     entropy: bytes
     hostname: str | None = None
+    token: str | None = None
 
     def __post_init__(self) -> None:
         if not _MIN_TIME_NS <= self.time_ns <= _MAX_TIME_NS:
@@ -371,6 +381,8 @@ class RestoreIdentityArgs:
             len(self.hostname) > 64 or not _HOSTNAME_RE.match(self.hostname)
         ):
             raise ValueError(f"invalid hostname: {self.hostname!r}")
+        if self.token is not None and not 1 <= len(self.token) <= 128:
+            raise ValueError("token must be 1..128 characters")
 
 
 @dataclass(frozen=True, slots=True)

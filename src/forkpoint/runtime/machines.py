@@ -7,13 +7,11 @@ which session id and host ports the restored VM gets.
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkpoint.agent_client import AgentClient
+from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
 from forkpoint.vm import BootFiles, Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import create_overlay
@@ -24,12 +22,17 @@ from .manifest import RAM, STATE
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
     "Started",
+    "identity_token",
     "new_layer_name",
-    "restore_identity",
     "start_restored",
 ]
 
 AGENT_READY_TIMEOUT_S = 60.0  # a loaded 2-core TCG host can take this long
+
+
+def identity_token(session_id: str, generation: int) -> str:
+    """Names one restore of a session: the guest applies each identity once."""
+    return f"{session_id}:{generation}"
 
 
 def new_layer_name() -> str:
@@ -55,12 +58,15 @@ async def start_restored(
     forwards: list[tuple[int, int]],
     network: bool,
     hostname: str,
+    token: str,
 ) -> Started:
     """Restore the checkpoint in ``checkpoint_dir`` as a running VM with these identities.
 
     The VM gets a new top layer on the checkpoint's frozen one and maps the checkpoint's
-    RAM file copy-on-write (nothing is copied). On return the guest's clock, RNG and
-    hostname are fresh.
+    RAM file copy-on-write (nothing is copied). On return the VM runs and its new
+    identity (clock, RNG seed, hostname; ``token`` names it) sits in the guest agent's
+    receive buffer: the guest applies it as soon as it gets to run, and every later
+    agent connection makes sure it has (see :func:`~forkpoint.agent_client.post_identity`).
     """
     files.ensure()
     layer = new_layer_name()
@@ -68,14 +74,19 @@ async def start_restored(
     machine: Machine | None = None
     passt_pid = None
     try:
-        machine = await Machine.start(
+        machine = await Machine.launch(
             qemu_build(), shape, boot, files, home.layers / layer, checkpoint_dir / RAM,
-            state=checkpoint_dir / STATE,
+            network=network, incoming=True,
         )  # fmt: skip
-        if network:
-            passt_pid = await asyncio.to_thread(start_passt, files, forwards)
-            await machine.announce()  # so passt learns the guest's MAC before any traffic
-        await restore_identity(files, hostname)
+        if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
+
+            async def connect() -> None:
+                nonlocal passt_pid
+                passt_pid = await asyncio.to_thread(start_passt, files, forwards)
+
+            await machine.attach_network(connect)
+        await machine.restore(checkpoint_dir / STATE)
+        await post_identity(files.agent_socket, fresh_identity(token, hostname))
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if machine is not None:
@@ -84,11 +95,3 @@ async def start_restored(
         (home.layers / layer).unlink(missing_ok=True)
         raise
     return Started(machine, passt_pid, layer)
-
-
-async def restore_identity(files: VmFiles, hostname: str) -> None:
-    """Give a just-restored guest the host's clock, fresh entropy and its own hostname."""
-    async with await AgentClient.connect(
-        files.agent_socket, timeout=AGENT_READY_TIMEOUT_S
-    ) as agent:
-        await agent.restore_identity(time.time_ns(), os.urandom(64), hostname)

@@ -26,6 +26,7 @@ from forkpoint.agent_client import (
     OutputCallback,
     ProcessInfo,
     SpawnResult,
+    fresh_identity,
 )
 from forkpoint.config import Home, home
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
@@ -58,7 +59,7 @@ from forkpoint.vm.disk import create_overlay
 from forkpoint.vm.net import start_passt, stop_passt
 from forkpoint.vm.process import is_running, kill_and_wait
 
-from .machines import AGENT_READY_TIMEOUT_S, new_layer_name, start_restored
+from .machines import AGENT_READY_TIMEOUT_S, identity_token, new_layer_name, start_restored
 from .manifest import RAM, STATE, check_compatible, read_manifest, write_manifest
 from .models import Checkpoint, PortInfo, Session
 
@@ -239,7 +240,7 @@ class Runtime:
                 started = await start_restored(
                     self.home, files, self._checkpoint_dir(checkpoint.id), checkpoint.disk_layer,
                     shape, self._boot(image, shape), forwards,
-                    network == Network.USER, name or record.id,
+                    network == Network.USER, name or record.id, identity_token(record.id, 0),
                 )  # fmt: skip
                 with self.store.transaction():
                     self.store.insert_layer(started.disk_layer, backing=checkpoint.disk_layer)
@@ -512,6 +513,7 @@ class Runtime:
                     self._boot(image, shape),
                     [(p.host_port, p.guest_port) for p in record.ports],
                     record.network == Network.USER, record.name or record.id,
+                    identity_token(record.id, generation),
                 )  # fmt: skip
             except ForkpointError:
                 self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
@@ -588,7 +590,14 @@ class Runtime:
             finally:
                 await machine.close()
         async with global_lock_async(self.home, f"agent-{record.id}", timeout_s=600):
-            client = await AgentClient.connect(files.agent_socket, timeout=AGENT_READY_TIMEOUT_S)
+            # Every connection re-sends the session's identity: the guest applies it unless
+            # it already did (the copy posted right after the restore may not have arrived).
+            identity = fresh_identity(
+                identity_token(record.id, record.generation), record.name or record.id
+            )
+            client = await AgentClient.connect(
+                files.agent_socket, timeout=AGENT_READY_TIMEOUT_S, identity=identity
+            )
             async with client:
                 yield client
 

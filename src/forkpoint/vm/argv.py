@@ -30,9 +30,16 @@ def build_argv(
     files: VmFiles,
     disk: Path,
     ram: Path,
+    *,
+    network: bool,
     incoming: bool = False,
 ) -> list[str]:
     """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``).
+
+    ``network``: the NIC's backend is a stream socket for passt (see :mod:`.net`), which
+    must be connected before the VM runs: QEMU 7.2 crashes sending to an unconnected
+    stream netdev (e.g. the announcement after a restore). Without, it sits alone on a
+    hub. The backend is not part of the saved state; the NIC is.
 
     Guest RAM maps the file ``ram`` privately (copy-on-write): the VM reads it, never
     writes it (see :mod:`forkpoint.vm.written`).
@@ -41,7 +48,8 @@ def build_argv(
     argv = [
         str(build.binary),
         "-name", files.name,
-        "-M", f"microvm,accel={shape.accel},memory-backend=mem,pit=on,pic=on,rtc=on",
+        "-M", f"microvm,accel={shape.accel},memory-backend=mem,pit=on,pic=on,rtc=on,"
+        "suppress-vmdesc=on",
         "-m", mem,
         "-smp", str(shape.cpus),
         "-nodefaults", "-no-user-config", "-display", "none",
@@ -50,7 +58,7 @@ def build_argv(
         "-kernel", str(boot.kernel), "-initrd", str(boot.initrd), "-append", boot.cmdline,
         "-drive", f"id=d0,file={disk},format=qcow2,if=none",
         "-device", "virtio-blk-device,drive=d0",
-        "-netdev", f"stream,id=n0,server=on,addr.type=unix,addr.path={files.net_socket}",
+        "-netdev", _netdev(files, network),
         "-device", "virtio-net-device,netdev=n0",
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=ag,path={files.agent_socket},server=on,wait=off",
@@ -67,3 +75,9 @@ def build_argv(
     if incoming:
         argv += ["-incoming", "defer"]
     return argv
+
+
+def _netdev(files: VmFiles, network: bool) -> str:
+    if network:
+        return f"stream,id=n0,server=on,addr.type=unix,addr.path={files.net_socket}"
+    return "hubport,id=n0,hubid=0"

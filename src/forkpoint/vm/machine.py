@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ __all__ = ["CheckpointStats", "Machine"]
 
 _START_TIMEOUT_S = 30.0
 _MIGRATE_TIMEOUT_S = 120.0
+_NET_TIMEOUT_S = 10.0
 _MAX_BANDWIDTH = 64 << 30  # bytes/s
 
 
@@ -60,6 +62,71 @@ class Machine:
     # -- lifecycle ---------------------------------------------------------------------
 
     @classmethod
+    async def launch(
+        cls,
+        build: QemuBuild,
+        shape: MachineShape,
+        boot: BootFiles,
+        files: VmFiles,
+        disk: Path,
+        ram: Path,
+        *,
+        network: bool,
+        incoming: bool,
+    ) -> Machine:
+        """Start QEMU on the RAM file ``ram`` (mapped copy-on-write; an empty sparse file
+        for a cold boot). ``incoming``: the VM waits for :meth:`restore`; else it boots.
+
+        With ``network`` the caller connects the network backend (passt) before the VM
+        runs, see :func:`~forkpoint.vm.argv.build_argv`.
+        :raises QemuError: QEMU exited, or did not come up within the start timeout.
+        """
+        files.ensure()
+        for sock in (files.qmp_socket, files.agent_socket, files.net_socket):
+            sock.unlink(missing_ok=True)
+        argv = build_argv(build, shape, boot, files, disk, ram, network=network, incoming=incoming)
+        pid = spawn_detached(argv, files.qemu_log)
+        try:
+            qmp = await Qmp.connect(
+                files.qmp_socket,
+                _START_TIMEOUT_S,
+                files.name,
+                alive=lambda: is_running(pid, files.name),
+            )
+            machine = cls(files, pid, qmp)
+            await machine._configure_migration()
+            return machine
+        except QemuError as error:
+            raise _start_failed(files, pid, error) from None
+
+    async def attach_network(self, connect: Callable[[], Awaitable[None]]) -> None:
+        """Run ``connect`` (which connects the network backend to the VM's stream socket)
+        and return once QEMU has accepted the connection: only then may a restored VM
+        run (see :func:`~forkpoint.vm.argv.build_argv`).
+
+        :raises QemuError: QEMU did not report the connection in time.
+        """
+        await self._qmp.run_until_event("NETDEV_STREAM_CONNECTED", connect, _NET_TIMEOUT_S)
+
+    async def restore(self, state: Path) -> None:
+        """Load ``state`` (from :meth:`checkpoint` or :meth:`save_state`) into a VM launched
+        with ``incoming`` and run it. On failure QEMU is killed.
+
+        :raises QemuError: QEMU's own error text plus the log tail.
+        """
+        fd = os.open(state, os.O_RDONLY)
+        try:
+            self._qmp.send_fd(fd)
+            await self._qmp.run("getfd", fdname="incoming")
+            await self._qmp.run("migrate-incoming", uri="fd:incoming")
+            await self._wait_incoming()
+        except QemuError as error:
+            await self._qmp.close()
+            raise _start_failed(self.files, self.pid, error) from None
+        finally:
+            os.close(fd)
+
+    @classmethod
     async def start(
         cls,
         build: QemuBuild,
@@ -70,43 +137,14 @@ class Machine:
         ram: Path,
         state: Path | None = None,
     ) -> Machine:
-        """Start QEMU on the RAM file ``ram`` (mapped copy-on-write; an empty sparse file
-        for a cold boot); with ``state``, restore that device state and run from it.
-
-        Returns once the VM runs (restored) or has started booting (cold).
-        :raises QemuError: QEMU exited, or did not come up within the start timeout.
-        """
-        files.ensure()
-        for sock in (files.qmp_socket, files.agent_socket, files.net_socket):
-            sock.unlink(missing_ok=True)
-        state_fd = os.open(state, os.O_RDONLY) if state is not None else None
-        try:
-            argv = build_argv(build, shape, boot, files, disk, ram, incoming=state is not None)
-            pass_fds = (state_fd,) if state_fd is not None else ()
-            pid = spawn_detached(argv, files.qemu_log, pass_fds=pass_fds)
-            qmp = await Qmp.connect(
-                files.qmp_socket,
-                _START_TIMEOUT_S,
-                files.name,
-                alive=lambda: is_running(pid, files.name),
-            )
-            machine = cls(files, pid, qmp)
-            await machine._configure_migration()
-            if state_fd is not None:
-                # The fd number is valid inside QEMU: it inherited it at exec.
-                await qmp.run("migrate-incoming", uri=f"fd:{state_fd}")
-                await machine._wait_incoming()
-            return machine
-        except QemuError as error:
-            status = exit_status(pid)
-            kill_and_wait(pid, files.name)
-            raise QemuError(
-                f"{files.name}: QEMU did not start ({status}): {error.message}",
-                log_tail=files.log_tail(),
-            ) from None
-        finally:
-            if state_fd is not None:
-                os.close(state_fd)
+        """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
+        the VM boots). Returns once the VM runs."""
+        machine = await cls.launch(
+            build, shape, boot, files, disk, ram, network=False, incoming=state is not None
+        )
+        if state is not None:
+            await machine.restore(state)
+        return machine
 
     @classmethod
     async def adopt(cls, files: VmFiles, pid: int, timeout_s: float = 5.0) -> Machine:
@@ -277,3 +315,13 @@ class Machine:
                 await self._qmp.run("migrate_cancel")
                 raise QemuError(f"{self.files.name}: saving the VM state timed out")
             await asyncio.sleep(0.001)
+
+
+def _start_failed(files: VmFiles, pid: int, error: QemuError) -> QemuError:
+    """Kill a QEMU that failed to come up; the error says how it ended and what it logged."""
+    status = exit_status(pid)
+    kill_and_wait(pid, files.name)
+    return QemuError(
+        f"{files.name}: QEMU did not start ({status}): {error.message}",
+        log_tail=files.log_tail(),
+    )

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from qemu.qmp import ConnectError, ExecuteError, QMPClient, QMPError
+from qemu.qmp import ConnectError, EventListener, ExecuteError, QMPClient, QMPError
 
 from forkpoint.errors import QemuError
 
@@ -57,7 +57,7 @@ class Qmp:
                         f"{describe}: QMP socket did not answer within {timeout_s:g} s: {error}"
                     ) from None
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
+            delay = min(delay * 2, 0.005)
 
     async def run(self, command: str, **arguments: Any) -> Any:
         """Execute ``command``; QEMU's error becomes a QemuError naming the command."""
@@ -68,6 +68,21 @@ class Qmp:
             raise QemuError(f"{self._describe}: {command} failed: {desc}") from None
         except (QMPError, OSError, EOFError) as error:
             raise QemuError(f"{self._describe}: {command}: QMP connection lost ({error})") from None
+
+    async def run_until_event(
+        self, event: str, action: Callable[[], Awaitable[None]], timeout_s: float
+    ) -> None:
+        """Run ``action`` and wait until QEMU emits ``event`` (listening from before it).
+
+        :raises QemuError: no such event within ``timeout_s`` seconds.
+        """
+        listener = EventListener((event,))
+        with self._client.listen(listener):
+            await action()
+            try:
+                await asyncio.wait_for(listener.get(), timeout_s)
+            except TimeoutError:
+                raise QemuError(f"{self._describe}: no {event} within {timeout_s:g} s") from None
 
     def send_fd(self, fd: int) -> None:
         self._client.send_fd_scm(fd)
