@@ -7,20 +7,23 @@ which session id and host ports the restored VM gets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
 from forkpoint.vm import BootFiles, Machine, MachineShape, VmFiles, qemu_build
-from forkpoint.vm.disk import create_overlay
+from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.net import start_passt, stop_passt
 
 from .manifest import RAM, STATE
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
+    "ResumeTogether",
     "Started",
     "identity_token",
     "new_layer_name",
@@ -28,6 +31,41 @@ __all__ = [
 ]
 
 AGENT_READY_TIMEOUT_S = 60.0  # a loaded 2-core TCG host can take this long
+
+
+class ResumeTogether:
+    """Lets several restores load their VMs, then run them all at once.
+
+    A restored guest first re-translates its code under TCG, a burst of CPU that would
+    slow the restores still starting; so forks resume together once all are loaded.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._loading = count
+        self._all_loaded = asyncio.Event()
+
+    def _done(self) -> None:
+        self._loading -= 1
+        if self._loading <= 0:
+            self._all_loaded.set()
+
+    @contextlib.asynccontextmanager
+    async def member(self) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+        """One restore's ``loaded`` callback; leaving counts as loaded (e.g. it failed)."""
+        counted = False
+
+        async def loaded() -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                self._done()
+            await self._all_loaded.wait()
+
+        try:
+            yield loaded
+        finally:
+            if not counted:
+                self._done()
 
 
 def identity_token(session_id: str, generation: int) -> str:
@@ -59,6 +97,7 @@ async def start_restored(
     network: bool,
     hostname: str,
     token: str,
+    loaded: Callable[[], Awaitable[None]] | None = None,
 ) -> Started:
     """Restore the checkpoint in ``checkpoint_dir`` as a running VM with these identities.
 
@@ -67,10 +106,11 @@ async def start_restored(
     identity (clock, RNG seed, hostname; ``token`` names it) sits in the guest agent's
     receive buffer: the guest applies it as soon as it gets to run, and every later
     agent connection makes sure it has (see :func:`~forkpoint.agent_client.post_identity`).
+    ``loaded`` is awaited between loading the VM and letting it run.
     """
     files.ensure()
     layer = new_layer_name()
-    await asyncio.to_thread(create_overlay, home.layers / checkpoint_layer, home.layers / layer)
+    await asyncio.to_thread(overlay_from_blank, home.layers / checkpoint_layer, home.layers / layer)
     machine: Machine | None = None
     passt_pid = None
     try:
@@ -85,7 +125,10 @@ async def start_restored(
                 passt_pid = await asyncio.to_thread(start_passt, files, forwards)
 
             await machine.attach_network(connect)
-        await machine.restore(checkpoint_dir / STATE)
+        await machine.restore(checkpoint_dir / STATE, run=False)
+        if loaded is not None:
+            await loaded()
+        await machine.run()
         await post_identity(files.agent_socket, fresh_identity(token, hostname))
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.

@@ -14,7 +14,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO
@@ -55,11 +55,17 @@ from forkpoint.vm import (
     host_tsc_khz,
     qemu_build,
 )
-from forkpoint.vm.disk import create_overlay
+from forkpoint.vm.disk import blank_overlay_of, create_overlay
 from forkpoint.vm.net import start_passt, stop_passt
 from forkpoint.vm.process import is_running, kill_and_wait
 
-from .machines import AGENT_READY_TIMEOUT_S, identity_token, new_layer_name, start_restored
+from .machines import (
+    AGENT_READY_TIMEOUT_S,
+    ResumeTogether,
+    identity_token,
+    new_layer_name,
+    start_restored,
+)
 from .manifest import RAM, STATE, check_compatible, read_manifest, write_manifest
 from .models import Checkpoint, PortInfo, Session
 
@@ -77,6 +83,8 @@ class Runtime:
         self.home = home_
         self.store = store
         self.build = qemu_build()
+        # Forks in this process queue here instead of polling the inter-process lock.
+        self._ports_lock = asyncio.Lock()
 
     @classmethod
     def open(cls, home_: Home | None = None) -> Runtime:
@@ -221,6 +229,7 @@ class Runtime:
         name: str | None,
         guest_ports: list[int],
         network: Network,
+        loaded: Callable[[], Awaitable[None]] | None = None,
     ) -> Session:
         manifest = read_manifest(self._checkpoint_dir(checkpoint.id))
         check_compatible(checkpoint.id, manifest, shape)
@@ -241,6 +250,7 @@ class Runtime:
                     self.home, files, self._checkpoint_dir(checkpoint.id), checkpoint.disk_layer,
                     shape, self._boot(image, shape), forwards,
                     network == Network.USER, name or record.id, identity_token(record.id, 0),
+                    loaded,
                 )  # fmt: skip
                 with self.store.transaction():
                     self.store.insert_layer(started.disk_layer, backing=checkpoint.disk_layer)
@@ -294,6 +304,7 @@ class Runtime:
                         except ForkpointError:
                             continue
                         (self.home.layers / name).unlink(missing_ok=True)
+                        blank_overlay_of(self.home.layers / name).unlink(missing_ok=True)
                         removed.append(name)
         except Conflict:
             pass  # busy: the next gc collects
@@ -441,13 +452,17 @@ class Runtime:
         check_compatible(record.id, read_manifest(self._checkpoint_dir(record.id)), shape)
         network = Network(source.network) if source else Network.USER
         guest_ports = [int(p) for p in record.manifest.get("ports", [])]
+        together = ResumeTogether(count)
+
+        async def one_fork() -> Session:
+            async with together.member() as loaded:
+                return await self._start_session(
+                    record, image, shape, name=None, guest_ports=guest_ports,
+                    network=network, loaded=loaded,
+                )  # fmt: skip
+
         results = await asyncio.gather(
-            *(
-                self._start_session(
-                    record, image, shape, name=None, guest_ports=guest_ports, network=network
-                )
-                for _ in range(count)
-            ),
+            *(one_fork() for _ in range(count)),
             return_exceptions=True,
         )
         out: list[Session | ForkpointError] = []
@@ -554,7 +569,7 @@ class Runtime:
             return PortInfo(guest_port, host_port)
 
     async def _allocate_host_port(self, session_id: str, guest_port: int) -> int:
-        async with global_lock_async(self.home, "ports"):
+        async with self._ports_lock, global_lock_async(self.home, "ports"):
             taken = self.store.allocated_host_ports()
             for _ in range(100):
                 with socket.socket() as probe:

@@ -55,7 +55,6 @@ def build_argv(
         "-nodefaults", "-no-user-config", "-display", "none",
         "-object",
         f"memory-backend-file,id=mem,size={mem},mem-path={ram},share=off",
-        "-kernel", str(boot.kernel), "-initrd", str(boot.initrd), "-append", boot.cmdline,
         "-drive", f"id=d0,file={disk},format=qcow2,if=none",
         "-device", "virtio-blk-device,drive=d0",
         "-netdev", _netdev(files, network),
@@ -67,13 +66,20 @@ def build_argv(
         "-serial", "chardev:ser0",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
         "-pidfile", str(files.pidfile),
+        "-no-reboot",
         # Device states are saved without RAM (xen-save-devices-state), which writes no
         # configuration section; loading must not expect one either.
         "-global", "migration.send-configuration=off",
         "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
     ]  # fmt: skip
-    if incoming:
-        argv += ["-incoming", "defer"]
+    if incoming:  # paused after the load too: the caller decides when it runs
+        argv += ["-incoming", "defer", "-S"]
+    else:
+        # A restored guest's kernel is in its RAM: loading these would cost ~40 ms of
+        # every restore. So a guest cannot reboot into them: -no-reboot makes a reboot
+        # end the VM (the session shows as crashed), for booted VMs alike.
+        argv += ["-kernel", str(boot.kernel), "-initrd", str(boot.initrd)]
+        argv += ["-append", boot.cmdline]
     return argv
 
 

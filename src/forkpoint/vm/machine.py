@@ -93,9 +93,7 @@ class Machine:
                 files.name,
                 alive=lambda: is_running(pid, files.name),
             )
-            machine = cls(files, pid, qmp)
-            await machine._configure_migration()
-            return machine
+            return cls(files, pid, qmp)
         except QemuError as error:
             raise _start_failed(files, pid, error) from None
 
@@ -108,9 +106,10 @@ class Machine:
         """
         await self._qmp.run_until_event("NETDEV_STREAM_CONNECTED", connect, _NET_TIMEOUT_S)
 
-    async def restore(self, state: Path) -> None:
+    async def restore(self, state: Path, *, run: bool = True) -> None:
         """Load ``state`` (from :meth:`checkpoint` or :meth:`save_state`) into a VM launched
-        with ``incoming`` and run it. On failure QEMU is killed.
+        with ``incoming``, and run it (``run=False``: leave it paused for :meth:`run`).
+        On failure QEMU is killed.
 
         :raises QemuError: QEMU's own error text plus the log tail.
         """
@@ -120,11 +119,17 @@ class Machine:
             await self._qmp.run("getfd", fdname="incoming")
             await self._qmp.run("migrate-incoming", uri="fd:incoming")
             await self._wait_incoming()
+            if run:
+                await self.run()
         except QemuError as error:
             await self._qmp.close()
             raise _start_failed(self.files, self.pid, error) from None
         finally:
             os.close(fd)
+
+    async def run(self) -> None:
+        """Run a paused VM."""
+        await self._qmp.run("cont")
 
     @classmethod
     async def start(
@@ -188,25 +193,18 @@ class Machine:
         result = await self._qmp.run("query-status")
         return str(result["status"])
 
-    async def _configure_migration(self) -> None:
-        # Only the full-RAM baseline migrates RAM; QEMU's default cap (128 MiB/s) must
-        # not slow it down.
-        await self._qmp.run("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
-
     async def _wait_incoming(self) -> None:
+        """Until the state is loaded; the VM stays paused (it was launched with -S)."""
         deadline = time.monotonic() + _MIGRATE_TIMEOUT_S
         while True:
             status = await self.status()
-            if status == "running":
-                return
             if status not in ("inmigrate", "prelaunch", "paused", "postmigrate"):
                 raise QemuError(f"{self.files.name}: restore ended in state {status}")
             info = await self._qmp.run("query-migrate")
             if info.get("status") == "failed":
                 raise QemuError(f"restore failed: {info.get('error-desc', 'unknown error')}")
             if info.get("status") == "completed" and status != "inmigrate":
-                await self._qmp.run("cont")  # loaded; QEMU waits paused when not autostarting
-                continue
+                return
             if time.monotonic() > deadline:
                 raise QemuError(f"{self.files.name}: restore did not finish in time")
             if not self.is_running():
@@ -281,6 +279,8 @@ class Machine:
         migration (the naive full-RAM baseline).
         :raises QemuError: QEMU's own error text plus the log tail.
         """
+        # QEMU's default bandwidth cap (128 MiB/s) must not slow the baseline down.
+        await self._qmp.run("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
         started = time.perf_counter()
         await self._qmp.run("stop")
         try:

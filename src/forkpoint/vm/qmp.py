@@ -43,21 +43,22 @@ class Qmp:
         :raises QemuError: QEMU died, or no connection within ``timeout_s`` seconds.
         """
         deadline = time.monotonic() + timeout_s
-        delay = 0.001
+        error: Exception | str = "no socket yet"
         while True:
-            client = QMPClient(describe)
-            try:
-                await client.connect(str(socket))
-                return cls(client, describe)
-            except (ConnectError, OSError) as error:
-                if not alive():
-                    raise QemuError(f"{describe}: QEMU exited during start-up") from None
-                if time.monotonic() >= deadline:
-                    raise QemuError(
-                        f"{describe}: QMP socket did not answer within {timeout_s:g} s: {error}"
-                    ) from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.005)
+            if socket.exists():  # a cheap check first: many VMs may be starting at once
+                client = QMPClient(describe)
+                try:
+                    await client.connect(str(socket))
+                    return cls(client, describe)
+                except (ConnectError, OSError) as failure:
+                    error = failure
+            if not alive():
+                raise QemuError(f"{describe}: QEMU exited during start-up") from None
+            if time.monotonic() >= deadline:
+                raise QemuError(
+                    f"{describe}: QMP socket did not answer within {timeout_s:g} s: {error}"
+                ) from None
+            await asyncio.sleep(0.002)
 
     async def run(self, command: str, **arguments: Any) -> Any:
         """Execute ``command``; QEMU's error becomes a QemuError naming the command."""
