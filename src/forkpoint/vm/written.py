@@ -73,19 +73,28 @@ def copy_written_pages(pid: int, base: Path, size: int, dest: Path) -> int:
     ranges = written_ranges(pid, start, size)
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     out = os.open(dest, os.O_WRONLY)
+    buffer = memoryview(bytearray(_CHUNK))  # reused: no allocation per chunk
     written = 0
     try:
         for offset, length in ranges:
             end = offset + length
             while offset < end:
-                data = _pread_all(mem, min(_CHUNK, end - offset), start + offset)
-                os.pwrite(out, data, offset)
-                offset += len(data)
-                written += len(data)
+                n = os.preadv(mem, [buffer[: min(_CHUNK, end - offset)]], start + offset)
+                if n <= 0:
+                    raise OSError(f"cannot read guest memory at offset {offset:#x}")
+                _pwrite_all(out, buffer[:n], offset)
+                offset += n
+                written += n
     finally:
         os.close(out)
         os.close(mem)
     return written
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:
