@@ -618,7 +618,7 @@ async def post_identity(
     """
     deadline = asyncio.get_running_loop().time() + timeout
     try:
-        reader, writer = await _open(path, deadline, timeout)
+        _, writer = await _open(path, deadline, timeout)
     except AgentError:
         return False
     try:

@@ -173,8 +173,9 @@ class Baselines:
         The guest state of ``checkpoint`` (e.g. a running web server) is restored into a
         VM whose RAM is private memory. Then, ``reps`` times: save it through migration
         (all of RAM goes into the state file), kill it, and restore that file into a
-        fresh private-RAM VM, timed until its agent answers — the naive design's steady
-        state of checkpoint, restore, checkpoint (and each VM migrates out only once).
+        fresh private-RAM VM, timed until it runs (as forkpoint's operations are) — the
+        naive design's steady state of checkpoint, restore, checkpoint (each VM migrates
+        out only once).
         """
         files = self._files()
         disk = files.dir / "disk.qcow2"
@@ -196,8 +197,9 @@ class Baselines:
                 await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
                 create_sparse(files.boot_ram, self.shape.memory_mib << 20)
                 machine, began = await self._start(files, disk, files.boot_ram, state)
-                await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)
+                # Until the VM runs: the same end point as forkpoint's operations.
                 restores.append((time.perf_counter() - began) * 1000)
+                await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)  # sane before next save
                 state.unlink()
         finally:
             await machine.kill()

@@ -380,7 +380,8 @@ class Runtime:
                 "parent_checkpoint": parent, "ports": guest_ports,
                 "ram_bytes": stats.ram_bytes, "state_bytes": stats.state_bytes,
                 "written_bytes": stats.written_bytes, "pause_ms": stats.pause_ms,
-                "duration_ms": duration_ms,
+                "base_copy_ms": stats.base_copy_ms, "device_state_ms": stats.device_state_ms,
+                "written_ms": stats.written_ms, "duration_ms": duration_ms,
             }  # fmt: skip
             write_manifest(tmp, manifest)
             _fsync_dir(tmp)

@@ -244,8 +244,11 @@ class Machine:
                 copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest
             )
             written_ms = (time.perf_counter() - t_ram) * 1000
-        except LookupError as error:
-            raise QemuError(f"{self.files.name}: cannot read guest RAM: {error}") from None
+        except (LookupError, OSError) as error:
+            raise QemuError(
+                f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
+                "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
+            ) from None
         except QemuError as error:
             raise QemuError(error.message, log_tail=self.files.log_tail()) from None
         finally:
