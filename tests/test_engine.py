@@ -198,14 +198,18 @@ def test_checkpoint_in_use_cannot_be_deleted(rt: Runtime, parent: Session) -> No
     run(scenario())
 
 
-def test_killed_qemu_marks_session_crashed_and_rollback_revives_it(rt: Runtime) -> None:
+@pytest.mark.parametrize("ending", ["qemu killed", "guest reboot"])
+def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, ending: str) -> None:
     async def scenario() -> None:
         session = await rt.create()
         try:
             ck = await rt.checkpoint(session.id)
             pid = rt.store.get_session(session.id).qemu_pid
             assert pid
-            os.kill(pid, signal.SIGKILL)
+            if ending == "qemu killed":
+                os.kill(pid, signal.SIGKILL)
+            else:  # restored VMs have no kernel to reboot into: -no-reboot ends them
+                await rt.spawn(session.id, ["sh", "-c", "sleep 0.3; echo b > /proc/sysrq-trigger"])
             deadline = time.monotonic() + 10
             while rt.get(session.id).state != "crashed":
                 assert time.monotonic() < deadline, "session never became crashed"

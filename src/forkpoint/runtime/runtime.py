@@ -503,7 +503,6 @@ class Runtime:
         record = self.store.get_session(session)
         async with session_lock_async(self.home, record.id):
             record = self.store.get_session(record.id)
-            lineage = self.lineage(record)
             if checkpoint is None:
                 own = self.store.list_checkpoints(session_id=record.id)
                 latest = own[-1].id if own else record.parent_checkpoint
@@ -512,7 +511,7 @@ class Runtime:
                 target = self.store.get_checkpoint(latest)
             else:
                 target = self.store.get_checkpoint(checkpoint)
-                if target.id not in lineage:
+                if target.id not in self.lineage(record):
                     raise Conflict(
                         f"checkpoint {target.id} is not in the lineage of session {record.id}; "
                         f"use `forkpoint fork {target.id}` to start a new session from it"

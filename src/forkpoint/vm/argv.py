@@ -17,7 +17,9 @@ __all__ = ["build_argv", "guest_cmdline"]
 
 def guest_cmdline(accel: str, tsc_khz: int | None) -> str:
     """Kernel command line. Under TCG the TSC must be given, or calibration can hang."""
-    parts = ["console=ttyS0", "panic=-1", "quiet", "loglevel=4"]
+    # reboot=t: microvm has no reset hardware the kernel knows; a triple fault reaches
+    # QEMU, which then exits (-no-reboot) instead of the guest spinning forever.
+    parts = ["console=ttyS0", "panic=-1", "reboot=t", "quiet", "loglevel=4"]
     if accel == "tcg" and tsc_khz:
         parts += [f"tsc_early_khz={tsc_khz}", "tsc=reliable"]
     return " ".join(parts)
