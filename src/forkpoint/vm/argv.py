@@ -50,6 +50,8 @@ def build_argv(
     argv = [
         str(build.binary),
         "-name", files.name,
+        # suppress-vmdesc: device-only saves have no VM description section; without
+        # this every load looks for one and logs a warning.
         "-M", f"microvm,accel={shape.accel},memory-backend=mem,pit=on,pic=on,rtc=on,"
         "suppress-vmdesc=on",
         "-m", mem,
