@@ -21,7 +21,9 @@ from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
 from forkpoint.runtime import Runtime, Session
 from forkpoint.runtime.machines import new_layer_name
 from forkpoint.runtime.manifest import check_compatible, read_manifest
+from forkpoint.store import SessionState
 from forkpoint.vm import Machine, MachineShape
+from forkpoint.vm.process import pids_with_arg
 
 pytestmark = pytest.mark.vm
 
@@ -285,6 +287,20 @@ def test_checkpoint_killed_halfway_leaves_nothing_visible(rt: Runtime) -> None:
             await rt.remove_checkpoint(ck.id)
         finally:
             await rt.remove(session.id)
+
+    run(scenario())
+
+
+def test_remove_kills_a_vm_whose_pids_were_never_recorded(rt: Runtime) -> None:
+    # As after a forkpoint process killed while restoring: the VM and passt run, the
+    # store knows nothing of them.
+    async def scenario() -> None:
+        session = await rt.create(ports=[8000])
+        name = rt.files(session.id).name
+        rt.store.update_session(session.id, state=SessionState.CREATING, qemu_pid=None, aux_pids=[])
+        assert len(pids_with_arg(lambda arg: session.id in arg)) == 2  # QEMU and passt
+        await rt.remove(session.id)
+        assert not pids_with_arg(lambda arg: session.id in arg), name
 
     run(scenario())
 

@@ -35,7 +35,7 @@ from forkpoint.vm import (
     create_sparse,
     sparse_copy,
 )
-from forkpoint.vm.process import kill_and_wait
+from forkpoint.vm.process import kill_and_wait, pids_with_arg
 
 __all__ = ["Baselines", "CheckpointFiles"]
 
@@ -88,19 +88,10 @@ class Baselines:
         Ctrl-C is not killed by ``Machine.start``); returns how many. They are found by
         this run's unique token in their ``-name``."""
         marker = f"forkpoint-bench-{self._token}-"
-        killed = 0
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            names = [a.decode(errors="replace") for a in argv if a.startswith(marker.encode())]
-            if names:
-                kill_and_wait(int(entry.name), names[0])
-                killed += 1
-        return killed
+        strays = pids_with_arg(lambda arg: arg.startswith(marker))
+        for pid, name in strays:
+            kill_and_wait(pid, name)
+        return len(strays)
 
     @staticmethod
     def _discard(files: VmFiles) -> None:

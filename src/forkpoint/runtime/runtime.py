@@ -56,8 +56,8 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import blank_overlay_of, create_overlay
-from forkpoint.vm.net import start_passt, stop_passt
-from forkpoint.vm.process import is_running, kill_and_wait
+from forkpoint.vm.net import passt_log, start_passt, stop_passt
+from forkpoint.vm.process import is_running, kill_and_wait, pids_with_arg
 
 from .machines import (
     AGENT_READY_TIMEOUT_S,
@@ -287,6 +287,10 @@ class Runtime:
         kill_and_wait(record.qemu_pid, files.name)
         for pid in record.aux_pids:
             stop_passt(files, pid)
+        # Also those never recorded: a forkpoint process killed while restoring the VM.
+        ours = {files.name, str(passt_log(files))}
+        for pid, arg in pids_with_arg(ours.__contains__):
+            kill_and_wait(pid, arg)
 
     def gc(self) -> list[str]:
         """Delete disk layers nothing depends on any more; returns their names.

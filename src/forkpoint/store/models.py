@@ -45,7 +45,8 @@ class SessionState(StrEnum):
 
 
 class Network(StrEnum):
-    """Guest networking: ``user`` (outbound + forwards) or ``none`` (no NIC)."""
+    """Guest networking: ``user`` (outbound + forwards) or ``none`` (a NIC with nothing
+    behind it)."""
 
     USER = "user"
     NONE = "none"

@@ -12,9 +12,10 @@ import contextlib
 import os
 import select
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["exit_status", "is_running", "kill_and_wait", "spawn_detached"]
+__all__ = ["exit_status", "is_running", "kill_and_wait", "pids_with_arg", "spawn_detached"]
 
 # Children we spawned and have not reaped yet, and the wait statuses of those we have.
 _children: set[int] = set()
@@ -98,3 +99,23 @@ def kill_and_wait(pid: int | None, marker: str, timeout_s: float = 10.0) -> None
         _reap(pid)
     finally:
         os.close(pidfd)
+
+
+def pids_with_arg(matches: Callable[[str], bool]) -> list[tuple[int, str]]:
+    """``(pid, argument)`` of every process with a command-line argument that ``matches``:
+    finds VMs (by ``-name``) and helpers whose pid was never recorded, e.g. when the
+    forkpoint process starting them was killed."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for arg in argv:
+            text = arg.decode(errors="replace")
+            if matches(text):
+                found.append((int(entry.name), text))
+                break
+    return found
