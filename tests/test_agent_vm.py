@@ -25,7 +25,6 @@ from forkpoint.vm import (
     MachineShape,
     VmFiles,
     create_overlay,
-    create_sparse,
     detect_accel,
     guest_cmdline,
     host_tsc_khz,
@@ -54,10 +53,7 @@ class BootedVm:
         self.files.ensure()
         disk = self.files.dir / "disk.qcow2"
         create_overlay(image.rootfs, disk)
-        create_sparse(self.files.boot_ram, 512 << 20)
-        self.machine = await Machine.start(
-            build, shape, boot, self.files, disk, self.files.boot_ram
-        )
+        self.machine = await Machine.start(build, shape, boot, self.files, disk)
         await self.machine.close()  # the monitor belongs to this event loop; QEMU runs on
 
     def kill(self) -> None:

@@ -32,7 +32,6 @@ from forkpoint.vm import (
     QemuBuild,
     VmFiles,
     create_overlay,
-    create_sparse,
     sparse_copy,
 )
 from forkpoint.vm.process import kill_and_wait, pids_with_arg
@@ -99,11 +98,13 @@ class Baselines:
         shutil.rmtree(files.sock_dir, ignore_errors=True)
 
     async def _start(
-        self, files: VmFiles, disk: Path, ram: Path, state: Path | None = None
+        self, files: VmFiles, disk: Path, *, ram: Path | None = None, state: Path | None = None
     ) -> tuple[Machine, float]:
         """``Machine.start``; returns the machine and the ``perf_counter()`` it began at."""
         began = time.perf_counter()
-        machine = await Machine.start(self.build, self.shape, self.boot, files, disk, ram, state)
+        machine = await Machine.start(
+            self.build, self.shape, self.boot, files, disk, ram=ram, state=state
+        )
         return machine, began
 
     async def cold_boot_create(self, reps: int) -> list[float]:
@@ -114,9 +115,8 @@ class Baselines:
             started = time.perf_counter()
             disk = files.dir / "disk.qcow2"
             await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
-            create_sparse(files.boot_ram, self.shape.memory_mib << 20)
             prepared_s = time.perf_counter() - started
-            machine, began = await self._start(files, disk, files.boot_ram)
+            machine, began = await self._start(files, disk)  # makes the empty RAM file
             try:
                 await _agent_hello(files, _COLD_BOOT_TIMEOUT_S)
                 samples.append((prepared_s + time.perf_counter() - began) * 1000)
@@ -133,12 +133,10 @@ class Baselines:
             files = self._files()
             disk = files.dir / "disk.qcow2"
             await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
-            create_sparse(files.boot_ram, self.shape.memory_mib << 20)
             began = time.perf_counter()
             machine = await Machine.launch(
-                self.build, self.shape, self.boot, files, disk, files.boot_ram,
-                network=False, incoming=True,
-            )  # fmt: skip
+                self.build, self.shape, self.boot, files, disk, network=False, incoming=True
+            )
             samples.append((time.perf_counter() - began) * 1000)
             await machine.kill()
             self._discard(files)
@@ -171,7 +169,7 @@ class Baselines:
         files = self._files()
         disk = files.dir / "disk.qcow2"
         await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
-        machine, _ = await self._start(files, disk, checkpoint.ram, checkpoint.state)
+        machine, _ = await self._start(files, disk, ram=checkpoint.ram, state=checkpoint.state)
         saves: list[float] = []
         restores: list[float] = []
         try:
@@ -186,8 +184,7 @@ class Baselines:
                 files = self._files()
                 disk = files.dir / "disk.qcow2"
                 await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
-                create_sparse(files.boot_ram, self.shape.memory_mib << 20)
-                machine, began = await self._start(files, disk, files.boot_ram, state)
+                machine, began = await self._start(files, disk, state=state)
                 # Until the VM runs: the same end point as forkpoint's operations.
                 restores.append((time.perf_counter() - began) * 1000)
                 await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)  # sane before next save

@@ -115,7 +115,7 @@ async def start_restored(
     passt_pid = None
     try:
         machine = await Machine.launch(
-            qemu_build(), shape, boot, files, home.layers / layer, checkpoint_dir / RAM,
+            qemu_build(), shape, boot, files, home.layers / layer, ram=checkpoint_dir / RAM,
             network=network, incoming=True,
         )  # fmt: skip
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement

@@ -49,7 +49,6 @@ from forkpoint.vm import (
     Machine,
     MachineShape,
     VmFiles,
-    create_sparse,
     detect_accel,
     guest_cmdline,
     host_tsc_khz,
@@ -195,11 +194,9 @@ class Runtime:
         base = new_layer_name()
         await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
         self.store.insert_layer(base)
-        create_sparse(files.boot_ram, shape.memory_mib << 20)
         machine = await Machine.start(
-            self.build, shape, self._boot(image, shape), files,
-            self.home.layers / base, files.boot_ram,
-        )  # fmt: skip
+            self.build, shape, self._boot(image, shape), files, self.home.layers / base
+        )
         try:
             agent = await AgentClient.connect(files.agent_socket, timeout=_TEMPLATE_BOOT_TIMEOUT_S)
             async with agent:

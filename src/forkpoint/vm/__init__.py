@@ -10,7 +10,7 @@ from forkpoint.vm.disk import create_overlay
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.host import host_tsc_khz
 from forkpoint.vm.machine import CheckpointStats, Machine
-from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
+from forkpoint.vm.ramfile import allocated_bytes, sparse_copy
 from forkpoint.vm.shape import BootFiles, MachineShape, Network
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "allocated_bytes",
     "build_argv",
     "create_overlay",
-    "create_sparse",
     "detect_accel",
     "guest_cmdline",
     "host_tsc_khz",

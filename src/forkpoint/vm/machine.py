@@ -21,7 +21,7 @@ from forkpoint.vm.build import QemuBuild
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
-from forkpoint.vm.ramfile import allocated_bytes, sparse_copy
+from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
 from forkpoint.vm.shape import BootFiles, MachineShape
 from forkpoint.vm.written import copy_written_pages
 
@@ -69,13 +69,13 @@ class Machine:
         boot: BootFiles,
         files: VmFiles,
         disk: Path,
-        ram: Path,
         *,
+        ram: Path | None = None,
         network: bool,
         incoming: bool,
     ) -> Machine:
-        """Start QEMU on the RAM file ``ram`` (mapped copy-on-write; an empty sparse file
-        for a cold boot). ``incoming``: the VM waits for :meth:`restore`; else it boots.
+        """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
+        ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
 
         With ``network`` the caller connects the network backend (passt) before the VM
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
@@ -84,6 +84,9 @@ class Machine:
         files.ensure()
         for sock in (files.qmp_socket, files.agent_socket, files.net_socket):
             sock.unlink(missing_ok=True)
+        if ram is None:
+            ram = files.boot_ram
+            create_sparse(ram, shape.memory_mib << 20)
         argv = build_argv(build, shape, boot, files, disk, ram, network=network, incoming=incoming)
         pid = spawn_detached(argv, files.qemu_log)
         try:
@@ -139,13 +142,14 @@ class Machine:
         boot: BootFiles,
         files: VmFiles,
         disk: Path,
-        ram: Path,
+        *,
+        ram: Path | None = None,
         state: Path | None = None,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
-            build, shape, boot, files, disk, ram, network=False, incoming=state is not None
+            build, shape, boot, files, disk, ram=ram, network=False, incoming=state is not None
         )
         if state is not None:
             await machine.restore(state)
