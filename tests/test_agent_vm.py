@@ -18,7 +18,8 @@ from forkpoint.agent_client import AgentClient
 from forkpoint.config import home
 from forkpoint.errors import CommandTimeout, InvalidInput, NotFound
 from forkpoint.images import get_image
-from forkpoint.runtime import Runtime, Session
+from forkpoint.models import Session
+from forkpoint.runtime import Runtime
 from forkpoint.vm import (
     BootFiles,
     Machine,

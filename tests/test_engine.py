@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
-from forkpoint.runtime import Runtime, Session
+from forkpoint.models import Session
+from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
 from forkpoint.runtime.manifest import check_compatible, read_manifest
 from forkpoint.store import SessionState

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forkpoint.errors import ForkpointError, InvalidInput, NotFound
+from forkpoint.errors import CommandTimeout, ForkpointError, InvalidInput, NotFound, QemuError
 from forkpoint.sdk import (
     AsyncCheckpoint,
     AsyncSandbox,
@@ -27,8 +27,8 @@ from forkpoint.sdk import (
     Checkpoint,
     CommandResult,
     Sandbox,
-    error_from_payload,
 )
+from forkpoint.sdk._client import error_from_response
 
 FORKPOINT = Path(sys.executable).with_name("forkpoint")
 PAGE = "<h1>forkpoint flagship</h1>\n"
@@ -131,7 +131,7 @@ async def _flagship(api: str) -> None:
             assert pids
 
             ck = await sb.checkpoint("serving")
-            assert ck.info["session_id"] == sb.id
+            assert ck.info.session_id == sb.id
             forks = await ck.fork(3)
             assert all(isinstance(f, AsyncSandbox) for f in forks), forks
             fork_urls = set()
@@ -178,6 +178,11 @@ def test_embedded_mode(vm_ready: None) -> None:
             await sb.files.write("/tmp/x.bin", b"\x00\xff")
             assert await sb.files.read("/tmp/x.bin") == b"\x00\xff"
             assert (await sb.commands.run("cat", stdin="piped")).stdout == "piped"
+            assert sb.commands is sb.commands  # namespaces are made once
+            # A structured error keeps its class and fields through the REST layer.
+            with pytest.raises(CommandTimeout) as timed_out:
+                await sb.commands.run("sleep 30", timeout=1)
+            assert timed_out.value.timeout_s == 1 and "sleep 30" in timed_out.value.command
             session_id = sb.id
         with pytest.raises(NotFound):
             await AsyncSandbox.connect(session_id)
@@ -196,7 +201,7 @@ def test_sync_twin_runs(api: str, vm_ready: None) -> None:
         sb.files.write("/tmp/s.txt", "twin")
         assert sb.files.read_text("/tmp/s.txt") == "twin"
         again = Sandbox.connect(sb.id, base_url=api)
-        assert again.id == sb.id and again.info["state"] == "running"
+        assert again.id == sb.id and again.info.state == "running"
         again.close()
         session_id = sb.id
     with pytest.raises(NotFound):
@@ -237,9 +242,25 @@ def test_errors_come_back_as_their_classes(api: str) -> None:
     asyncio.run(scenario())
     with pytest.raises(NotFound):
         Sandbox.connect("s-0000000000", base_url=api)  # the same class through the twin
-    timeout = error_from_payload(408, {"error": {"code": "timeout", "message": "too slow"}})
-    assert type(timeout).__name__ == "CommandTimeout" and timeout.message == "too slow"
-    assert isinstance(error_from_payload(502, None), ForkpointError)
+    timeout = error_from_response(408, {"error": CommandTimeout("sleep 9", 2.5).to_dict()})
+    assert isinstance(timeout, CommandTimeout)
+    assert (timeout.command, timeout.timeout_s) == ("sleep 9", 2.5)
+    assert timeout.message == "command timed out after 2.5 s and was killed: sleep 9"
+    failed = error_from_response(500, {"error": QemuError("boom", log_tail="qemu: x").to_dict()})
+    assert isinstance(failed, QemuError) and failed.log_tail == "qemu: x"
+    assert type(error_from_response(404, None)) is NotFound
+    assert isinstance(error_from_response(502, "<html>"), ForkpointError)
+
+
+def test_importing_the_sdk_loads_no_runtime() -> None:
+    """The SDK is an HTTP client: the runtime, VM and store load only for embedded mode."""
+    code = (
+        "import sys, forkpoint.sdk\n"
+        "heavy = ('forkpoint.runtime', 'forkpoint.vm', 'forkpoint.store', 'forkpoint.server')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:

@@ -15,11 +15,16 @@
         ├── AgentError              the in-guest agent misbehaved or went away
         └── ImageBuildError         building an image failed (``log_tail``)
 
-Every error has a stable ``code`` string (used in ``{"error": {"code", "message"}}``),
-a CLI ``exit_code`` and an ``http_status``. Messages are one line.
+Every error has a stable ``code`` string (used in ``{"error": {"code", "message", …}}``),
+a CLI ``exit_code`` and an ``http_status``. Messages are one line. The structured fields
+a class carries (``log_tail``, ``command``, ``timeout_s``, ``package``) travel in the
+error JSON too, and :meth:`ForkpointError.from_dict` rebuilds the same class with the
+same fields on the other side (the SDK over REST raises what the runtime raised).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "AgentError",
@@ -43,14 +48,35 @@ class ForkpointError(Exception):
     code = "internal"
     exit_code = 5
     http_status = 500
+    #: Structured fields of this class, beyond ``message`` and ``log_tail``.
+    fields: tuple[str, ...] = ()
 
     def __init__(self, message: str, *, log_tail: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.log_tail = log_tail
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
+    def to_dict(self) -> dict[str, Any]:
+        """``{"code", "message"}`` plus the structured fields that have a value."""
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.log_tail:
+            out["log_tail"] = self.log_tail
+        for name in self.fields:
+            out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ForkpointError:
+        """The error of the class with ``data["code"]`` (else ``cls``), fields restored."""
+        klass = _by_code().get(str(data.get("code", "")), cls)
+        error = klass.__new__(klass)
+        # Some classes build their message from their fields; the message says it all.
+        ForkpointError.__init__(
+            error, str(data.get("message", "")), log_tail=str(data.get("log_tail") or "")
+        )
+        for name in klass.fields:
+            setattr(error, name, data.get(name))
+        return error
 
 
 class InvalidInput(ForkpointError):
@@ -61,6 +87,7 @@ class InvalidInput(ForkpointError):
 
 class UnknownPackage(InvalidInput):
     code = "unknown_package"
+    fields = ("package",)
 
     def __init__(self, package: str) -> None:
         super().__init__(f"unknown Debian package: {package}")
@@ -91,6 +118,7 @@ class CommandTimeout(ForkpointError):
     code = "timeout"
     exit_code = 1
     http_status = 408
+    fields = ("command", "timeout_s")
 
     def __init__(self, command: str, timeout_s: float) -> None:
         super().__init__(f"command timed out after {timeout_s:g} s and was killed: {command}")
@@ -112,3 +140,13 @@ class AgentError(InternalError):
 
 class ImageBuildError(InternalError):
     code = "image_build_failed"
+
+
+def _by_code() -> dict[str, type[ForkpointError]]:
+    """Each code's class; where several share one (``internal``), the most general."""
+    table: dict[str, type[ForkpointError]] = {}
+    for name in __all__:
+        cls = globals()[name]
+        table.setdefault(cls.code, cls)
+    table["internal"] = InternalError
+    return table

@@ -22,7 +22,8 @@ import httpx
 
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import get_image
-from forkpoint.runtime import Runtime, Session
+from forkpoint.models import Session
+from forkpoint.runtime import Runtime
 from forkpoint.runtime.manifest import RAM, STATE
 from forkpoint.vm import BootFiles, MachineShape, detect_accel, guest_cmdline, host_tsc_khz
 

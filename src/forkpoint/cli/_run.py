@@ -22,7 +22,8 @@ from forkpoint.cli.output import console, err_console
 from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from forkpoint.runtime import Checkpoint, Runtime, Session
+    from forkpoint.models import Checkpoint, Session
+    from forkpoint.runtime import Runtime
 
 __all__ = [
     "Timer",

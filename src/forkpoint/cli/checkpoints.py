@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -23,7 +23,8 @@ from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, r
 from forkpoint.errors import ForkpointError, InvalidInput
 
 if TYPE_CHECKING:
-    from forkpoint.runtime import Checkpoint, Runtime, Session
+    from forkpoint.models import Checkpoint, Session
+    from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
 
@@ -81,7 +82,7 @@ def checkpoint_command(
     with spinner(f"checkpointing {target}…"):
         checkpoint = run(op)
     if as_json:
-        emit_json(checkpoint.to_dict())
+        emit_json(checkpoint)
         return
     console.print(
         f"[bold green]checkpoint[/] {describe_checkpoint(checkpoint)} of "
@@ -119,7 +120,7 @@ def checkpoints_command(
 
     checkpoints = run(op)
     if as_json:
-        emit_json([c.to_dict() for c in checkpoints])
+        emit_json(checkpoints)
         return
     if not checkpoints:
         console.print("no checkpoints: make one with [bold]forkpoint checkpoint SESSION[/]")
@@ -159,11 +160,7 @@ def fork_command(
         results = run(op)
     failures = [r for r in results if isinstance(r, ForkpointError)]
     if as_json:
-        slots: list[dict[str, Any]] = [
-            {"error": r.to_dict()} if isinstance(r, ForkpointError) else r.to_dict()
-            for r in results
-        ]
-        emit_json(slots)
+        emit_json([{"error": r.to_dict()} if isinstance(r, ForkpointError) else r for r in results])
     else:
         ok = len(results) - len(failures)
         console.print(
@@ -205,7 +202,7 @@ def rollback_command(
     with spinner(f"rolling back {session}…"), Timer() as timer:
         result = run(op)
     if as_json:
-        emit_json(result.to_dict())
+        emit_json(result)
         return
     print_session(
         result,

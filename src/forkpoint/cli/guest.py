@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import stat
 import sys
 from datetime import datetime
@@ -16,7 +15,7 @@ from forkpoint.cli._run import Timer, format_ms, parse_env, print_table, run
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.agent_client import DirEntry, ExecResult, ProcessInfo, SpawnResult
+    from forkpoint.models import BackgroundProcess, CommandResult, FileEntry, Process
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -71,12 +70,12 @@ def exec_command(
     environment = parse_env(env)
     if background:
 
-        async def spawn(runtime: Runtime) -> SpawnResult:
+        async def spawn(runtime: Runtime) -> BackgroundProcess:
             return await runtime.spawn(session, command, cwd=cwd, env=environment)
 
         started = run(spawn)
         if as_json:
-            emit_json({"pid": started.pid, "log_path": started.log_path})
+            emit_json(started)
         else:
             console.print(f"started pid {started.pid} (log: {started.log_path})", markup=False)
         return
@@ -89,7 +88,7 @@ def exec_command(
         sys.stderr.buffer.write(data)
         sys.stderr.buffer.flush()
 
-    async def execute(runtime: Runtime) -> ExecResult:
+    async def execute(runtime: Runtime) -> CommandResult:
         return await runtime.exec(
             session, command, cwd=cwd, env=environment, timeout=timeout,
             on_stdout=None if as_json else to_stdout,
@@ -98,16 +97,7 @@ def exec_command(
 
     result = run(execute)
     if as_json:
-        emit_json(
-            {
-                "exit_code": result.exit_code,
-                "stdout": result.stdout_text,
-                "stderr": result.stderr_text,
-                "duration_ms": round(result.duration_ms, 1),
-                "signal": result.signal,
-                "truncated": result.truncated,
-            }
-        )
+        emit_json(result)
     # The guest's exit code, passed through (1.. as the guest's), with or without --json.
     raise typer.Exit(result.exit_code)
 
@@ -116,12 +106,12 @@ def exec_command(
 def ps_command(session: Annotated[str, SESSION_ARG], as_json: bool = JSON_OPTION) -> None:
     """List the processes in a session (kernel threads left out)."""
 
-    async def op(runtime: Runtime) -> list[ProcessInfo]:
+    async def op(runtime: Runtime) -> list[Process]:
         return await runtime.ps(session)
 
     processes = run(op)
     if as_json:
-        emit_json([{"pid": p.pid, "ppid": p.ppid, "cmd": p.cmd} for p in processes])
+        emit_json(processes)
         return
     table = Table(box=None, header_style="bold")
     table.add_column("PID", justify="right", no_wrap=True)
@@ -177,12 +167,12 @@ def files_ls(
 ) -> None:
     """List a directory in the guest."""
 
-    async def op(runtime: Runtime) -> list[DirEntry]:
+    async def op(runtime: Runtime) -> list[FileEntry]:
         return await runtime.list_files(session, path)
 
     entries = run(op)
     if as_json:
-        emit_json([dataclasses.asdict(e) for e in entries])
+        emit_json(entries)
         return
     table = Table(box=None, header_style="bold")
     for column in ("MODE", "SIZE", "MODIFIED"):

@@ -33,8 +33,11 @@ JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON.")
 
 
 def emit_json(value: Any) -> None:
-    """Print ``value`` as JSON on stdout (one document)."""
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    """Print ``value`` (plain data, :mod:`forkpoint.models` values, lists of them) as one
+    JSON document on stdout."""
+    from pydantic_core import to_jsonable_python
+
+    sys.stdout.write(json.dumps(to_jsonable_python(value), indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 

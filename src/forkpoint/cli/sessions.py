@@ -22,7 +22,8 @@ from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.runtime import PortInfo, Runtime, Session
+    from forkpoint.models import Port, Session
+    from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
 
@@ -67,7 +68,7 @@ def create_command(
     with spinner(f"creating a session from image {image}…"), Timer() as timer:
         session = run(op)
     if as_json:
-        emit_json(session.to_dict())
+        emit_json(session)
         return
     label = f" ({escape(session.name)})" if session.name else ""
     print_session(
@@ -84,7 +85,7 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
 
     sessions = run(op)
     if as_json:
-        emit_json([s.to_dict() for s in sessions])
+        emit_json(sessions)
         return
     if not sessions:
         console.print("no sessions: create one with [bold]forkpoint create[/]")
@@ -118,7 +119,7 @@ def show_command(
 
     s = run(op)
     if as_json:
-        emit_json(s.to_dict())
+        emit_json(s)
         return
     rows = [
         ("id", s.id),
@@ -169,11 +170,11 @@ def port_command(
 ) -> None:
     """Forward a guest port to 127.0.0.1 on the host (idempotent) and print its URL."""
 
-    async def op(runtime: Runtime) -> PortInfo:
+    async def op(runtime: Runtime) -> Port:
         return await runtime.forward_port(session, guest_port)
 
     info = run(op)
     if as_json:
-        emit_json(info.to_dict())
+        emit_json(info)
         return
     console.print(f"port {info.guest_port} → {info.url}", highlight=False)

@@ -205,8 +205,7 @@ class CommandBuilder:
             session_id, self.command, cwd=APP_DIR, env=env, timeout=self.timeout_s
         )
         duration_ms = _ms_since(started)
-        stdout = result.stdout.decode(errors="replace")
-        stderr = result.stderr.decode(errors="replace")
+        stdout, stderr = result.stdout, result.stderr
         tail = (stdout + stderr)[-_TAIL_CHARS:]
         if result.exit_code != 0:
             last = (stderr.strip() or stdout.strip() or "no output").splitlines()[-1]

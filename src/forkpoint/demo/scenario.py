@@ -34,7 +34,8 @@ from forkpoint.errors import ForkpointError, InternalError
 
 if TYPE_CHECKING:
     from forkpoint.agent_client import ProcessInfo
-    from forkpoint.runtime import Runtime, Session
+    from forkpoint.models import Session
+    from forkpoint.runtime import Runtime
 
 __all__ = [
     "DIFF_LIMIT",
@@ -167,7 +168,7 @@ class Scenario:
         checkpoint = await self.runtime.checkpoint(parent.id, name="demo-dashboard")
         self._time("checkpoint", started)
         self.facts["checkpoint_id"] = checkpoint.id
-        self.facts["checkpoint"] = checkpoint.to_dict()
+        self.facts["checkpoint"] = checkpoint.model_dump(mode="json")
         self._fact(
             f"checkpoint [cyan]{checkpoint.id}[/] (VM paused {checkpoint.pause_ms:.0f} ms, "
             f"{checkpoint.size_bytes / 2**20:.1f} MiB)",
@@ -353,7 +354,7 @@ class Scenario:
         result = await self.runtime.exec(session_id, ["cat", f"/proc/{pid}/stat"])
         if result.exit_code != 0:
             return None
-        fields = result.stdout.decode(errors="replace").rsplit(")", 1)[-1].split()
+        fields = result.stdout.rsplit(")", 1)[-1].split()
         return int(fields[19]) if len(fields) > 19 else None
 
     def _time(self, op: str, started: float) -> None:

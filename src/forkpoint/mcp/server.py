@@ -1,12 +1,14 @@
 """forkpoint's tools for agents, over MCP (stdio): thin calls into the runtime.
 
-Each tool is one runtime call returning the same JSON as the CLI/REST. A
+Each tool is one runtime call returning the same :mod:`forkpoint.models` values as the
+CLI and REST (lists wrapped in an object: MCP's structured output is one). A
 :class:`~forkpoint.errors.ForkpointError` becomes a tool error whose text starts with
 its code (``not_found: unknown session: s-…``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections.abc import Awaitable, Callable
@@ -18,6 +20,19 @@ from pydantic import Field
 
 from forkpoint import __version__
 from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.models import (
+    MAX_FORKS,
+    BackgroundProcess,
+    Checkpoint,
+    CommandResult,
+    Cpus,
+    ErrorResponse,
+    GuestPort,
+    MemoryMiB,
+    Name,
+    Port,
+    Session,
+)
 from forkpoint.runtime import Runtime
 
 __all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
@@ -53,13 +68,9 @@ def _tool_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         try:
             return await fn(*args, **kwargs)
         except ForkpointError as error:
-            raise ToolError(f"{error.code}: {error.message}") from None
+            raise ToolError(f"{error.code}: {error.message}") from error
 
     return wrapper
-
-
-Port = Annotated[int, Field(ge=1, le=65535, description="TCP port inside the guest.")]
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 
 
 def build_server(runtime: Runtime) -> MCPServer:
@@ -71,17 +82,16 @@ def build_server(runtime: Runtime) -> MCPServer:
     @_tool_errors
     async def create_session(
         image: Name = "default",
-        memory_mib: Annotated[int, Field(ge=128, le=65536)] = 512,
-        cpus: Annotated[int, Field(ge=1, le=64)] = 1,
+        memory_mib: MemoryMiB = 512,
+        cpus: Cpus = 1,
         name: Name | None = None,
-        ports: list[Port] | None = None,
-    ) -> dict[str, Any]:
+        ports: list[GuestPort] | None = None,
+    ) -> Session:
         """Create a session (a microVM) from an image; ``ports`` are guest ports to forward
         to the host's 127.0.0.1. Returns the session (id, ports with URLs, ...)."""
-        session = await runtime.create(
+        return await runtime.create(
             image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or ()
         )
-        return session.to_dict()
 
     @_tool_errors
     async def exec(
@@ -90,20 +100,13 @@ def build_server(runtime: Runtime) -> MCPServer:
         cwd: str | None = None,
         timeout: Annotated[float, Field(gt=0, le=86400)] | None = None,
         background: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CommandResult | BackgroundProcess:
         """Run a command in a session: a shell string or an argv list. Waits and returns
         exit_code/stdout/stderr, or with background=true starts it detached (a server)
         and returns its pid and log file."""
         if background:
-            spawned = await runtime.spawn(session, command, cwd=cwd)
-            return {"pid": spawned.pid, "log_path": spawned.log_path}
-        r = await runtime.exec(session, command, cwd=cwd, timeout=timeout)
-        return {
-            "exit_code": r.exit_code,
-            "stdout": r.stdout.decode("utf-8", "replace"),
-            "stderr": r.stderr.decode("utf-8", "replace"),
-            "duration_ms": round(r.duration_ms, 1),
-        }
+            return await runtime.spawn(session, command, cwd=cwd)
+        return await runtime.exec(session, command, cwd=cwd, timeout=timeout)
 
     @_tool_errors
     async def read_file(
@@ -121,45 +124,47 @@ def build_server(runtime: Runtime) -> MCPServer:
         """Write a file in a session (parent directories are created)."""
         try:
             data = base64.b64decode(content, validate=True) if encoding == "base64" else None
-        except binascii.Error:
-            raise InvalidInput("content is not valid base64") from None
+        except binascii.Error as error:
+            raise InvalidInput("content is not valid base64") from error
         payload = data if data is not None else content.encode()
         await runtime.write_file(session, path, payload)
         return {"path": path, "size": len(payload)}
 
     @_tool_errors
-    async def forward_port(session: str, guest_port: Port) -> dict[str, Any]:
+    async def forward_port(session: str, guest_port: GuestPort) -> Port:
         """Forward a guest port to http://127.0.0.1:<host_port> on the host."""
-        return (await runtime.forward_port(session, guest_port)).to_dict()
+        return await runtime.forward_port(session, guest_port)
 
     @_tool_errors
-    async def checkpoint(session: str, name: str | None = None) -> dict[str, Any]:
+    async def checkpoint(session: str, name: Name | None = None) -> Checkpoint:
         """Checkpoint a running session: memory, disk and every live process."""
-        return (await runtime.checkpoint(session, name)).to_dict()
+        return await runtime.checkpoint(session, name)
 
     @_tool_errors
     async def fork(
-        checkpoint: str, count: Annotated[int, Field(ge=1, le=64)] = 1
-    ) -> dict[str, Any]:
+        checkpoint: str, count: Annotated[int, Field(ge=1, le=MAX_FORKS)] = 1
+    ) -> dict[str, list[Session | ErrorResponse]]:
         """Start ``count`` new sessions from a checkpoint; each wakes up with the same
         processes running. A failed fork is reported as an error in its slot."""
         results = await runtime.fork(checkpoint, count)
         return {
             "sessions": [
-                {"error": r.to_dict()} if isinstance(r, ForkpointError) else r.to_dict()
+                ErrorResponse.model_validate({"error": r.to_dict()})
+                if isinstance(r, ForkpointError)
+                else r
                 for r in results
             ]
         }
 
     @_tool_errors
-    async def rollback(session: str, checkpoint: str | None = None) -> dict[str, Any]:
+    async def rollback(session: str, checkpoint: str | None = None) -> Session:
         """Reset a session (same id and ports) to a checkpoint (default: its latest)."""
-        return (await runtime.rollback(session, checkpoint)).to_dict()
+        return await runtime.rollback(session, checkpoint)
 
     @_tool_errors
-    async def list_sessions() -> dict[str, Any]:
+    async def list_sessions() -> dict[str, list[Session]]:
         """Every session with its state and forwarded ports."""
-        return {"sessions": [s.to_dict() for s in runtime.list_sessions()]}
+        return {"sessions": await asyncio.to_thread(runtime.list_sessions)}
 
     @_tool_errors
     async def remove_session(session: str) -> dict[str, Any]:

@@ -19,24 +19,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from forkpoint.agent_client import (
-    AgentClient,
-    DirEntry,
-    ExecResult,
-    OutputCallback,
-    ProcessInfo,
-    SpawnResult,
-    fresh_identity,
-)
+from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.config import Home, home
-from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
+from forkpoint.errors import Conflict, ForkpointError, InternalError, NotFound
 from forkpoint.images import Image, get_image
-from forkpoint.store import (
+from forkpoint.models import (
+    BackgroundProcess,
+    Checkpoint,
     CheckpointKind,
-    CheckpointRecord,
+    CommandResult,
+    CreateSessionRequest,
+    FileEntry,
+    ForkRequest,
     Network,
-    SessionRecord,
+    OutputEncoding,
+    Port,
+    PortRequest,
+    Process,
+    Session,
     SessionState,
+    parse,
+)
+from forkpoint.store import (
+    CheckpointRecord,
+    SessionRecord,
     Store,
     global_lock,
     global_lock_async,
@@ -66,12 +72,11 @@ from .machines import (
     start_restored,
 )
 from .manifest import RAM, STATE, check_compatible, read_manifest, write_manifest
-from .models import Checkpoint, PortInfo, Session
+from .models import checkpoint_of, session_of
 
 __all__ = ["Runtime"]
 
 _TEMPLATE_BOOT_TIMEOUT_S = 180.0
-_MAX_FORKS = 64
 
 
 class Runtime:
@@ -120,18 +125,18 @@ class Runtime:
 
     def get(self, session: str) -> Session:
         """The session with this id or name. :raises NotFound:"""
-        return Session.from_record(self._refresh(self.store.get_session(session)))
+        return session_of(self._refresh(self.store.get_session(session)))
 
     def list_sessions(self) -> list[Session]:
-        return [Session.from_record(self._refresh(r)) for r in self.store.list_sessions()]
+        return [session_of(self._refresh(r)) for r in self.store.list_sessions()]
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
-        return Checkpoint.from_record(self.store.get_checkpoint(checkpoint))
+        return checkpoint_of(self.store.get_checkpoint(checkpoint))
 
     def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
         session_id = self.store.get_session(session).id if session else None
         records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
-        return [Checkpoint.from_record(r) for r in records]
+        return [checkpoint_of(r) for r in records]
 
     # -- create ------------------------------------------------------------------------
 
@@ -143,25 +148,23 @@ class Runtime:
         cpus: int = 1,
         name: str | None = None,
         ports: Sequence[int] = (),
-        network: str = "user",
+        network: Network | str = Network.USER,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
 
         :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
         """
-        if not 128 <= memory_mib <= 65536:
-            raise InvalidInput(f"memory must be 128..65536 MiB, got {memory_mib}")
-        if not 1 <= cpus <= 64:
-            raise InvalidInput(f"cpus must be 1..64, got {cpus}")
-        net = _network(network)
-        for port in ports:
-            _check_guest_port(port)
-        img = get_image(image)
-        shape = self._shape(img, memory_mib, cpus)
+        request = parse(
+            CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
+            ports=tuple(ports), network=network,
+        )  # fmt: skip
+        img = get_image(request.image)
+        shape = self._shape(img, request.memory_mib, request.cpus)
         template = await self._template(img, shape)
         return await self._start_session(
-            template, img, shape, name=name, guest_ports=list(ports), network=net
-        )
+            template, img, shape, name=request.name, guest_ports=list(request.ports),
+            network=request.network,
+        )  # fmt: skip
 
     async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
         """Make sure the image's template exists (booting it once if needed); returns ms.
@@ -260,7 +263,7 @@ class Runtime:
         except BaseException:
             await self._destroy(record)
             raise
-        return Session.from_record(record)
+        return session_of(record)
 
     # -- delete ------------------------------------------------------------------------
 
@@ -340,7 +343,7 @@ class Runtime:
                 )  # fmt: skip
             finally:
                 await machine.close()
-            return Checkpoint.from_record(created)
+            return checkpoint_of(created)
 
     async def _write_checkpoint(
         self,
@@ -444,8 +447,7 @@ class Runtime:
         Each gets a new id and its own host ports for the checkpoint's forwarded guest
         ports. A fork that fails is reported in its slot; the others still run.
         """
-        if not 1 <= count <= _MAX_FORKS:
-            raise InvalidInput(f"count must be 1..{_MAX_FORKS}, got {count}")
+        parse(ForkRequest, count=count)
         record = self.store.get_checkpoint(checkpoint)
         source = self._source_session(record)
         image = get_image(record.image_hash)
@@ -544,17 +546,17 @@ class Runtime:
                 )  # fmt: skip
             await started.machine.close()
         self.gc()
-        return Session.from_record(record)
+        return session_of(record)
 
     # -- ports -------------------------------------------------------------------------
 
-    async def forward_port(self, session: str, guest_port: int) -> PortInfo:
+    async def forward_port(self, session: str, guest_port: int) -> Port:
         """Forward ``guest_port`` to a free port on the host's 127.0.0.1 (idempotent)."""
-        _check_guest_port(guest_port)
+        parse(PortRequest, guest_port=guest_port)
         record = self.store.get_session(session)
         existing = record.port_for(guest_port)
         if existing:
-            return PortInfo(existing.guest_port, existing.host_port)
+            return Port(guest_port=existing.guest_port, host_port=existing.host_port)
         async with session_lock_async(self.home, record.id):
             record = self._require_running(self.store.get_session(record.id))
             if record.network != Network.USER:
@@ -567,7 +569,7 @@ class Runtime:
             forwards = [(p.host_port, p.guest_port) for p in record.ports]
             pid = await asyncio.to_thread(start_passt, files, forwards)
             self.store.update_session(record.id, aux_pids=[pid])
-            return PortInfo(guest_port, host_port)
+            return Port(guest_port=guest_port, host_port=host_port)
 
     async def _allocate_host_port(self, session_id: str, guest_port: int) -> int:
         async with self._ports_lock, global_lock_async(self.home, "ports"):
@@ -628,16 +630,23 @@ class Runtime:
         timeout: float | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
-    ) -> ExecResult:
+        output_encoding: OutputEncoding = "text",
+    ) -> CommandResult:
         """Run a command in the guest to completion (exit code passed through, not raised).
 
+        Output streams to ``on_stdout``/``on_stderr`` as it comes, and is returned as
+        ``output_encoding`` (UTF-8 text, or base64 for the exact bytes).
         :raises CommandTimeout: past ``timeout`` seconds (the command is killed).
         """
         async with self.agent(session) as agent:
-            return await agent.exec(
+            r = await agent.exec(
                 command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
                 on_stdout=on_stdout, on_stderr=on_stderr,
             )  # fmt: skip
+        return CommandResult.of(
+            exit_code=r.exit_code, signal=r.signal, stdout=r.stdout, stderr=r.stderr,
+            truncated=r.truncated, duration_ms=r.duration_ms, pid=r.pid, encoding=output_encoding,
+        )  # fmt: skip
 
     async def spawn(
         self,
@@ -646,7 +655,7 @@ class Runtime:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> SpawnResult:
+    ) -> BackgroundProcess:
         """Start a detached background process; it survives checkpoints, forks, rollbacks."""
         async with self.agent(session) as agent:
             return await agent.spawn(command, cwd=cwd, env=env)
@@ -667,7 +676,7 @@ class Runtime:
         async with self.agent(session) as agent:
             await agent.write_file(path, data, mode=mode)
 
-    async def list_files(self, session: str, path: str) -> list[DirEntry]:
+    async def list_files(self, session: str, path: str) -> list[FileEntry]:
         async with self.agent(session) as agent:
             return await agent.list_dir(path)
 
@@ -675,25 +684,13 @@ class Runtime:
         async with self.agent(session) as agent:
             await agent.remove(path)
 
-    async def ps(self, session: str) -> list[ProcessInfo]:
+    async def ps(self, session: str) -> list[Process]:
         async with self.agent(session) as agent:
             return await agent.ps()
 
     async def kill_process(self, session: str, pid: int, signal: int | str = "TERM") -> None:
         async with self.agent(session) as agent:
             await agent.kill(pid, signal)
-
-
-def _network(value: str) -> Network:
-    try:
-        return Network(value)
-    except ValueError:
-        raise InvalidInput(f"network must be 'user' or 'none', got {value!r}") from None
-
-
-def _check_guest_port(port: int) -> None:
-    if not 1 <= int(port) <= 65535:
-        raise InvalidInput(f"guest port must be 1..65535, got {port}")
 
 
 def _shape_of(record: CheckpointRecord) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The forkpoint SDK: an async core and a blocking twin generated from it.
+"""The forkpoint SDK: an async core and a blocking twin derived from it.
 
 ::
 
@@ -16,23 +16,27 @@
     with Sandbox.create() as sb:            # the same surface, blocking
         print(sb.commands.run("uname -a").stdout)
 
-Errors are the :mod:`forkpoint.errors` classes in both modes.
+Both modes speak the REST API: embedded mode runs that API in-process. Values are
+:mod:`forkpoint.models` (re-exported here); errors are :mod:`forkpoint.errors` classes.
 """
 
 from forkpoint.errors import ForkpointError
+from forkpoint.models import (
+    BackgroundProcess,
+    CommandResult,
+    FileEntry,
+    Process,
+)
+from forkpoint.models import Checkpoint as CheckpointInfo
+from forkpoint.models import Session as SessionInfo
 from forkpoint.sdk._async import (
     AsyncCheckpoint,
     AsyncCommands,
     AsyncFiles,
     AsyncPorts,
     AsyncSandbox,
-    BackgroundProcess,
-    CommandResult,
-    FileEntry,
-    Process,
 )
-from forkpoint.sdk._backend import error_from_payload
-from forkpoint.sdk._sync import Checkpoint, Commands, Files, Ports, Sandbox, SyncTwin
+from forkpoint.sdk._sync import Checkpoint, Commands, Files, Ports, Sandbox
 
 __all__ = [
     "AsyncCheckpoint",
@@ -42,6 +46,7 @@ __all__ = [
     "AsyncSandbox",
     "BackgroundProcess",
     "Checkpoint",
+    "CheckpointInfo",
     "CommandResult",
     "Commands",
     "FileEntry",
@@ -50,6 +55,5 @@ __all__ = [
     "Ports",
     "Process",
     "Sandbox",
-    "SyncTwin",
-    "error_from_payload",
+    "SessionInfo",
 ]

@@ -141,9 +141,15 @@ class SyncTwin(metaclass=_TwinMeta):
                 if generated is not None:
                     setattr(cls, _DUNDERS.get(name, name), generated)
 
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any: ...
+    def __getattr__(self, name: str) -> Any:
+        # Attributes the async object sets itself (``sb.commands``): wrapped once, then
+        # kept on this twin, like the namespace objects of the async core.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        value = _wrap(getattr(self._async, name))
+        if isinstance(value, SyncTwin):
+            setattr(self, name, value)
+        return value
 
     def __repr__(self) -> str:
         return repr(self._async).replace("<Async", "<", 1)

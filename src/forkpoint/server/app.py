@@ -9,6 +9,7 @@ request validation to 422, oversized bodies to 413, a missing/wrong token to 401
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import tempfile
@@ -24,26 +25,28 @@ from starlette.types import Scope
 
 from forkpoint import __version__
 from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.models import (
+    BackgroundProcess,
+    Checkpoint,
+    CheckpointRequest,
+    CommandResult,
+    CreateSessionRequest,
+    ErrorResponse,
+    ExecRequest,
+    FileEntry,
+    ForkRequest,
+    Health,
+    Port,
+    PortRequest,
+    Process,
+    Ref,
+    RollbackRequest,
+    Session,
+    describe_invalid,
+)
 from forkpoint.runtime import Runtime
 
 from .middleware import BearerAuth, BodyLimit, BodyTooLarge
-from .models import (
-    CheckpointOut,
-    CheckpointRequest,
-    CreateSessionRequest,
-    ErrorOut,
-    ExecOut,
-    ExecRequest,
-    FileEntryOut,
-    ForkRequest,
-    HealthOut,
-    PortOut,
-    PortRequest,
-    ProcessOut,
-    RollbackRequest,
-    SessionOut,
-    SpawnOut,
-)
 
 __all__ = ["DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_UPLOAD_BYTES", "create_app"]
 
@@ -66,30 +69,19 @@ _STATUS_CODES = {
     422: "invalid_input",
 }
 
-SessionId = Annotated[str, PathParam(min_length=1, max_length=128)]
-CheckpointId = Annotated[str, PathParam(min_length=1, max_length=128)]
+SessionId = Annotated[Ref, PathParam(description="Session id or name.")]
+CheckpointId = Annotated[Ref, PathParam(description="Checkpoint id or name.")]
 GuestPathQuery = Annotated[
     str, Query(min_length=1, max_length=4096, description="Absolute path in the guest.")
 ]
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut} for status in (400, 404, 408, 409, 413, 422)
+    status: {"model": ErrorResponse} for status in (400, 404, 408, 409, 413, 422)
 }
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-
-
-def _validation_message(error: RequestValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        if item.get("type") == "json_invalid":
-            detail = (item.get("ctx") or {}).get("error", "")
-            return f"malformed JSON body: {detail}".rstrip(": ")
-        loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
-        parts.append(f"{loc}: {item.get('msg', 'invalid')}" if loc else str(item.get("msg")))
-    return "; ".join(parts) or "invalid request"
 
 
 def create_app(
@@ -116,7 +108,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        return _error(422, "invalid_input", _validation_message(error))
+        return _error(422, "invalid_input", describe_invalid(error.errors()))
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, error: HTTPException) -> Response:
@@ -146,80 +138,65 @@ def create_app(
 def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
     r = APIRouter(prefix="/v1", responses=_ERRORS)
 
-    @r.get("/health", response_model=HealthOut, tags=["meta"])
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "version": __version__}
+    @r.get("/health", tags=["meta"])
+    async def health() -> Health:
+        return Health(status="ok", version=__version__)
 
     # -- sessions ----------------------------------------------------------------------
 
-    @r.post("/sessions", status_code=201, response_model=SessionOut, tags=["sessions"])
-    async def create_session(body: CreateSessionRequest) -> dict[str, Any]:
-        session = await runtime.create(
-            image=body.image, memory_mib=body.memory_mib, cpus=body.cpus, name=body.name,
-            ports=body.ports, network=body.network,
-        )  # fmt: skip
-        return session.to_dict()
+    @r.post("/sessions", status_code=201, tags=["sessions"])
+    async def create_session(body: CreateSessionRequest) -> Session:
+        return await runtime.create(**body.model_dump())
 
-    @r.get("/sessions", response_model=list[SessionOut], tags=["sessions"])
-    async def list_sessions() -> list[dict[str, Any]]:
-        return [s.to_dict() for s in runtime.list_sessions()]
+    @r.get("/sessions", tags=["sessions"])
+    async def list_sessions() -> list[Session]:
+        return await asyncio.to_thread(runtime.list_sessions)
 
-    @r.get("/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
-    async def get_session(session_id: SessionId) -> dict[str, Any]:
-        return runtime.get(session_id).to_dict()
+    @r.get("/sessions/{session_id}", tags=["sessions"])
+    async def get_session(session_id: SessionId) -> Session:
+        return await asyncio.to_thread(runtime.get, session_id)
 
     @r.delete("/sessions/{session_id}", status_code=204, tags=["sessions"])
     async def remove_session(session_id: SessionId) -> Response:
         await runtime.remove(session_id)
         return Response(status_code=204)
 
-    @r.post("/sessions/{session_id}/rollback", response_model=SessionOut, tags=["sessions"])
-    async def rollback(session_id: SessionId, body: RollbackRequest) -> dict[str, Any]:
-        return (await runtime.rollback(session_id, body.checkpoint)).to_dict()
+    @r.post("/sessions/{session_id}/rollback", tags=["sessions"])
+    async def rollback(session_id: SessionId, body: RollbackRequest) -> Session:
+        return await runtime.rollback(session_id, body.checkpoint)
 
     # -- commands ----------------------------------------------------------------------
 
     @r.post(
         "/sessions/{session_id}/exec",
-        response_model=ExecOut | SpawnOut,
         tags=["commands"],
         summary="Run a command (to completion, or in the background)",
     )
-    async def exec_command(session_id: SessionId, body: ExecRequest) -> dict[str, Any]:
+    async def exec_command(
+        session_id: SessionId, body: ExecRequest
+    ) -> CommandResult | BackgroundProcess:
         command: str | list[str] = body.command
         if body.background:
             if body.stdin is not None or body.timeout is not None:
                 raise InvalidInput("stdin and timeout do not apply to a background command")
-            spawned = await runtime.spawn(session_id, command, cwd=body.cwd, env=body.env)
-            return {"pid": spawned.pid, "log_path": spawned.log_path}
+            return await runtime.spawn(session_id, command, cwd=body.cwd, env=body.env)
         stdin: bytes | None = None
         if body.stdin is not None:
             if body.stdin_encoding == "base64":
                 try:
                     stdin = base64.b64decode(body.stdin, validate=True)
-                except (binascii.Error, ValueError):
-                    raise InvalidInput("stdin is not valid base64") from None
+                except (binascii.Error, ValueError) as error:
+                    raise InvalidInput("stdin is not valid base64") from error
             else:
                 stdin = body.stdin.encode()
-        result = await runtime.exec(
-            session_id, command, cwd=body.cwd, env=body.env, stdin=stdin, timeout=body.timeout
-        )
+        return await runtime.exec(
+            session_id, command, cwd=body.cwd, env=body.env, stdin=stdin, timeout=body.timeout,
+            output_encoding=body.output_encoding,
+        )  # fmt: skip
 
-        def encode(data: bytes) -> str:
-            if body.output_encoding == "base64":
-                return base64.b64encode(data).decode()
-            return data.decode("utf-8", "replace")
-
-        return {
-            "exit_code": result.exit_code, "signal": result.signal,
-            "stdout": encode(result.stdout), "stderr": encode(result.stderr),
-            "output_encoding": body.output_encoding, "truncated": result.truncated,
-            "duration_ms": round(result.duration_ms, 1), "pid": result.pid,
-        }  # fmt: skip
-
-    @r.get("/sessions/{session_id}/processes", response_model=list[ProcessOut], tags=["commands"])
-    async def processes(session_id: SessionId) -> list[dict[str, Any]]:
-        return [{"pid": p.pid, "ppid": p.ppid, "cmd": p.cmd} for p in await runtime.ps(session_id)]
+    @r.get("/sessions/{session_id}/processes", tags=["commands"])
+    async def processes(session_id: SessionId) -> list[Process]:
+        return await runtime.ps(session_id)
 
     @r.delete("/sessions/{session_id}/processes/{pid}", status_code=204, tags=["commands"])
     async def kill_process(
@@ -266,7 +243,7 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         request: Request,
         mode: Annotated[int, Query(ge=0, le=0o7777, description="Permission bits.")] = 0o644,
     ) -> Response:
-        runtime.get(session_id)  # 404 before reading a large body
+        await asyncio.to_thread(runtime.get, session_id)  # 404 before reading a large body
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES) as spool:
             size = 0
             async for chunk in request.stream():
@@ -283,40 +260,35 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         await runtime.remove_file(session_id, path)
         return Response(status_code=204)
 
-    @r.get("/sessions/{session_id}/files/list", response_model=list[FileEntryOut], tags=["files"])
-    async def list_files(session_id: SessionId, path: GuestPathQuery) -> list[dict[str, Any]]:
-        entries = await runtime.list_files(session_id, path)
-        return [
-            {"name": e.name, "type": e.type, "size": e.size, "mode": e.mode, "mtime_ns": e.mtime_ns}
-            for e in entries
-        ]
+    @r.get("/sessions/{session_id}/files/list", tags=["files"])
+    async def list_files(session_id: SessionId, path: GuestPathQuery) -> list[FileEntry]:
+        return await runtime.list_files(session_id, path)
 
     # -- ports -------------------------------------------------------------------------
 
-    @r.post("/sessions/{session_id}/ports", response_model=PortOut, tags=["ports"])
-    async def forward_port(session_id: SessionId, body: PortRequest) -> dict[str, Any]:
-        return (await runtime.forward_port(session_id, body.guest_port)).to_dict()
+    @r.post("/sessions/{session_id}/ports", tags=["ports"])
+    async def forward_port(session_id: SessionId, body: PortRequest) -> Port:
+        return await runtime.forward_port(session_id, body.guest_port)
 
     # -- checkpoints -------------------------------------------------------------------
 
     @r.post(
         "/sessions/{session_id}/checkpoints",
         status_code=201,
-        response_model=CheckpointOut,
         tags=["checkpoints"],
     )
-    async def checkpoint(session_id: SessionId, body: CheckpointRequest) -> dict[str, Any]:
-        return (await runtime.checkpoint(session_id, body.name)).to_dict()
+    async def checkpoint(session_id: SessionId, body: CheckpointRequest) -> Checkpoint:
+        return await runtime.checkpoint(session_id, body.name)
 
-    @r.get("/checkpoints", response_model=list[CheckpointOut], tags=["checkpoints"])
+    @r.get("/checkpoints", tags=["checkpoints"])
     async def list_checkpoints(
         session: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
-    ) -> list[dict[str, Any]]:
-        return [c.to_dict() for c in runtime.list_checkpoints(session)]
+    ) -> list[Checkpoint]:
+        return await asyncio.to_thread(runtime.list_checkpoints, session)
 
-    @r.get("/checkpoints/{checkpoint_id}", response_model=CheckpointOut, tags=["checkpoints"])
-    async def get_checkpoint(checkpoint_id: CheckpointId) -> dict[str, Any]:
-        return runtime.get_checkpoint(checkpoint_id).to_dict()
+    @r.get("/checkpoints/{checkpoint_id}", tags=["checkpoints"])
+    async def get_checkpoint(checkpoint_id: CheckpointId) -> Checkpoint:
+        return await asyncio.to_thread(runtime.get_checkpoint, checkpoint_id)
 
     @r.delete("/checkpoints/{checkpoint_id}", status_code=204, tags=["checkpoints"])
     async def remove_checkpoint(checkpoint_id: CheckpointId) -> Response:
@@ -325,14 +297,15 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
 
     @r.post(
         "/checkpoints/{checkpoint_id}/fork",
-        response_model=list[SessionOut | ErrorOut],
         tags=["checkpoints"],
         summary="Start sessions from a checkpoint; a failed fork is an error in its slot",
     )
-    async def fork(checkpoint_id: CheckpointId, body: ForkRequest) -> list[dict[str, Any]]:
+    async def fork(checkpoint_id: CheckpointId, body: ForkRequest) -> list[Session | ErrorResponse]:
         results = await runtime.fork(checkpoint_id, body.count)
         return [
-            {"error": r.to_dict()} if isinstance(r, ForkpointError) else r.to_dict()
+            ErrorResponse.model_validate({"error": r.to_dict()})
+            if isinstance(r, ForkpointError)
+            else r
             for r in results
         ]
 

@@ -11,10 +11,10 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from forkpoint.errors import InvalidInput
+from forkpoint.models import ID_PATTERN, NAME_PATTERN, CheckpointKind, Network, SessionState
 
 __all__ = [
     "CheckpointKind",
@@ -31,32 +31,8 @@ __all__ = [
     "validate_name",
 ]
 
-_ID_RE = re.compile(r"^[sc]-[0-9a-f]{10}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-class SessionState(StrEnum):
-    """Lifecycle of a session. ``crashed``: its QEMU died without being asked to."""
-
-    CREATING = "creating"
-    RUNNING = "running"
-    STOPPED = "stopped"
-    CRASHED = "crashed"
-
-
-class Network(StrEnum):
-    """Guest networking: ``user`` (outbound + forwards) or ``none`` (a NIC with nothing
-    behind it)."""
-
-    USER = "user"
-    NONE = "none"
-
-
-class CheckpointKind(StrEnum):
-    """``user``: made on request; ``template``: an image booted to "agent ready"."""
-
-    USER = "user"
-    TEMPLATE = "template"
+_ID_RE = re.compile(ID_PATTERN)
+_NAME_RE = re.compile(NAME_PATTERN)
 
 
 def utc_now() -> str:

@@ -1,0 +1,131 @@
+# Generated from _async.py by `python -m forkpoint.sdk._stubgen`: do not edit.
+# The types of the blocking twin that _sync.py builds at import time.
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, overload
+
+from forkpoint.errors import ForkpointError
+from forkpoint.models import (
+    BackgroundProcess,
+    CommandResult,
+    FileEntry,
+    Network,
+    Process,
+    Session,
+)
+from forkpoint.models import Checkpoint as CheckpointInfo
+from forkpoint.runtime import Runtime
+
+class SyncTwin: ...
+
+class Commands(SyncTwin):
+    @overload
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        background: Literal[False] = ...,
+        *,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        timeout: float | None = ...,
+        stdin: bytes | str | None = ...,
+    ) -> CommandResult: ...
+    @overload
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        background: Literal[True],
+        *,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        timeout: float | None = ...,
+        stdin: bytes | str | None = ...,
+    ) -> BackgroundProcess: ...
+    def ps(self) -> list[Process]: ...
+    def kill(self, pid: int, signal: int | str = "TERM") -> None: ...
+
+class Files(SyncTwin):
+    def read(self, path: str) -> bytes: ...
+    def read_text(self, path: str, encoding: str = "utf-8") -> str: ...
+    def write(self, path: str, data: bytes | str, mode: int = 420) -> None: ...
+    def list(self, path: str) -> list[FileEntry]: ...
+    def remove(self, path: str) -> None: ...
+
+class Ports(SyncTwin):
+    def forward(self, guest_port: int) -> str: ...
+    def url(self, guest_port: int) -> str | None: ...
+
+class Sandbox(SyncTwin):
+    commands: Commands
+    files: Files
+    ports: Ports
+
+    @classmethod
+    def create(
+        cls,
+        image: str = "default",
+        *,
+        memory_mib: int = 512,
+        cpus: int = 1,
+        name: str | None = None,
+        ports: Sequence[int] = (),
+        network: Network | str = Network.USER,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> Sandbox: ...
+    @classmethod
+    def connect(
+        cls,
+        session: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> Sandbox: ...
+    @classmethod
+    def list_sessions(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[Session]: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def info(self) -> Session: ...
+    def refresh(self) -> Session: ...
+    def checkpoint(self, name: str | None = None) -> Checkpoint: ...
+    def rollback(self, checkpoint: Checkpoint | str | None = None) -> None: ...
+    def kill(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Sandbox: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+class Checkpoint(SyncTwin):
+    @classmethod
+    def get(
+        cls,
+        checkpoint: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> Checkpoint: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def info(self) -> CheckpointInfo: ...
+    def fork(self, count: int = 1) -> list[Sandbox | ForkpointError]: ...
+    def remove(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Checkpoint: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+__all__ = ["Checkpoint", "Commands", "Files", "Ports", "Sandbox", "SyncTwin"]
