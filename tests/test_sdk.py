@@ -178,6 +178,8 @@ def test_embedded_mode(vm_ready: None) -> None:
             await sb.files.write("/tmp/x.bin", b"\x00\xff")
             assert await sb.files.read("/tmp/x.bin") == b"\x00\xff"
             assert (await sb.commands.run("cat", stdin="piped")).stdout == "piped"
+            raw = await sb.commands.run(["printf", "\\377ok"])
+            assert (raw.stdout, raw.stdout_bytes) == ("\ufffdok", b"\xffok")  # exact bytes kept
             assert sb.commands is sb.commands  # namespaces are made once
             # A structured error keeps its class and fields through the REST layer.
             with pytest.raises(CommandTimeout) as timed_out:

@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -176,8 +177,9 @@ class CommandResult(_Value):
     """A finished command. ``exit_code`` is 128+N when killed by signal N (``signal``).
 
     ``stdout``/``stderr`` are UTF-8 text (undecodable bytes replaced) when ``encoding`` is
-    ``text``, or the exact bytes in base64; ``stdout_bytes``/``stderr_bytes`` decode
-    either. Each stream keeps at most 1 MiB (``truncated`` says more was produced).
+    ``text``, or the exact bytes in base64; ``stdout_bytes``/``stderr_bytes`` are always
+    the exact bytes (the SDK fetches base64 and hands out text with the bytes kept).
+    Each stream keeps at most 1 MiB (``truncated`` says more was produced).
     """
 
     exit_code: int
@@ -188,6 +190,7 @@ class CommandResult(_Value):
     truncated: bool = False
     duration_ms: float
     pid: int = 0
+    _raw: tuple[bytes, bytes] | None = PrivateAttr(default=None)
 
     @classmethod
     def of(
@@ -209,21 +212,30 @@ class CommandResult(_Value):
                 return base64.b64encode(data).decode()
             return data.decode("utf-8", "replace")
 
-        return cls(
+        result = cls(
             exit_code=exit_code, signal=signal, stdout=encode(stdout), stderr=encode(stderr),
             encoding=encoding, truncated=truncated, duration_ms=round(duration_ms, 1), pid=pid,
         )  # fmt: skip
+        result._raw = (stdout, stderr)
+        return result
 
-    def _bytes(self, text: str) -> bytes:
+    def as_text(self) -> CommandResult:
+        """The same result with text output; ``stdout_bytes`` stay exact."""
+        fields = self.model_dump(exclude={"stdout", "stderr", "encoding"})
+        return CommandResult.of(**fields, stdout=self.stdout_bytes, stderr=self.stderr_bytes)
+
+    def _bytes(self, index: int, text: str) -> bytes:
+        if self._raw is not None:
+            return self._raw[index]
         return base64.b64decode(text) if self.encoding == "base64" else text.encode()
 
     @property
     def stdout_bytes(self) -> bytes:
-        return self._bytes(self.stdout)
+        return self._bytes(0, self.stdout)
 
     @property
     def stderr_bytes(self) -> bytes:
-        return self._bytes(self.stderr)
+        return self._bytes(1, self.stderr)
 
     @property
     def ok(self) -> bool:

@@ -72,11 +72,12 @@ class AsyncCommands:
                 raise InvalidInput("timeout and stdin do not apply to a background command")
             return await client.spawn(sid, **command_body(cmd, cwd, env))
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        return await client.exec(
+        result = await client.exec(
             sid, **command_body(cmd, cwd, env), timeout=timeout, output_encoding="base64",
             stdin=None if data is None else base64.b64encode(data).decode(),
             stdin_encoding="base64",
         )  # fmt: skip
+        return result.as_text()  # exact bytes fetched, text handed out
 
     async def ps(self) -> list[Process]:
         """Processes in the guest (kernel threads left out), by pid."""
