@@ -8,9 +8,9 @@ APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium pa
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv image test demo lint bench clean
+.PHONY: setup apt venv bytecode image test demo lint bench clean
 
-setup: apt venv image
+setup: apt venv bytecode image
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -30,6 +30,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Compiled once here: the environment may forbid writing bytecode (PYTHONDONTWRITEBYTECODE),
+# and recompiling forkpoint's sources on every CLI call would cost more than the call.
+bytecode: venv
+	$(PY) -m compileall -q src >/dev/null
+
 image: apt venv
 	$(FP) image build
 
@@ -45,7 +50,7 @@ bench: setup
 lint: venv
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
-	$(VENV)/bin/mypy --strict src
+	$(VENV)/bin/mypy --strict src tests/typing
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) bench-out

@@ -205,7 +205,7 @@ def test_fork_taken_later_shows_the_current_wall_clock(rt: Runtime) -> None:
                 after = time.time()
                 # within 1 s of the host (the checkpoint's clock is 10 s behind)
                 assert before - 1 <= guest <= after + 1, (before, guest, after)
-                hostname = (await rt.exec(fork.id, "hostname")).stdout.decode().strip()
+                hostname = (await rt.exec(fork.id, "hostname")).stdout.strip()
                 assert hostname == fork.id
             rand = [(await rt.exec(f.id, "head -c 16 /dev/urandom | od -x")).stdout for f in forks]
             assert rand[0] != rand[1]

@@ -171,6 +171,9 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     assert [row["in_use_mib"] for row in result["scaling"]] == [64, 256]
     assert all(row["checkpoint_p50_ms"] > 0 for row in result["scaling"])
     assert result["host"]["cpus"] >= 1 and result["host"]["accel"] in ("kvm", "tcg")
+    assert set(result["cli"]) == {"ls", "show", "exec"}
+    assert result["cli"]["ls"]["target_ms"] == 120 and result["cli"]["ls"]["n"] >= 1
+    assert "## CLI overhead" in (tmp_path / "bench.md").read_text()
     # The one-minute promise, held on a quiet host (a loaded one slows TCG guests).
     if quiet_host:
         assert wall < 60, f"quick bench took {wall:.0f} s"

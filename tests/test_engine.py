@@ -120,7 +120,7 @@ def test_forks_run_the_same_process_from_its_checkpointed_state(
             # each fork has its own random stream
             r1 = await rt.exec(f1.id, ["head", "-c", "32", "/dev/urandom"])
             r2 = await rt.exec(f2.id, ["head", "-c", "32", "/dev/urandom"])
-            assert r1.stdout != r2.stdout
+            assert r1.stdout_bytes != r2.stdout_bytes
         finally:
             for fork in forks:
                 if isinstance(fork, Session):
@@ -250,7 +250,7 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
                 assert await machine.status() == "running"
             finally:
                 await machine.close()
-            assert (await rt.exec(session.id, "echo alive")).stdout == b"alive\n"
+            assert (await rt.exec(session.id, "echo alive")).stdout == "alive\n"
             assert {c.id for c in rt.list_checkpoints(session.id)} == before
             # the next checkpoint notices the VM moved to the new overlay and still works
             ck = await rt.checkpoint(session.id)
@@ -283,7 +283,7 @@ def test_checkpoint_killed_halfway_leaves_nothing_visible(rt: Runtime) -> None:
             visible = {p.name for p in rt.home.checkpoints.iterdir()} - visible_before
             assert all(name.startswith(".tmp-") for name in visible), visible
             # the session is not lost: it answers (resumed if left paused) and checkpoints
-            assert (await rt.exec(session.id, "echo alive")).stdout == b"alive\n"
+            assert (await rt.exec(session.id, "echo alive")).stdout == "alive\n"
             ck = await rt.checkpoint(session.id)
             await rt.remove_checkpoint(ck.id)
         finally:

@@ -93,7 +93,7 @@ def test_guest_cannot_reach_host_loopback_and_forwards_are_loopback_only(
                     result = await rt.exec(
                         session.id, ["python3", "-c", PROBE, host, str(port)], timeout=60
                     )
-                    out = result.stdout.decode()
+                    out = result.stdout
                     assert out.startswith("REFUSED"), f"guest reached {host}:{port}: {out}"
             # every socket passt listens on is bound to 127.0.0.1
             for sid in (session.id, other.id):
@@ -126,7 +126,7 @@ def test_network_none_has_no_outbound_and_no_forwards() -> None:
         try:
             assert rt.store.get_session(session.id).aux_pids == ()  # no passt at all
             result = await rt.exec(session.id, ["python3", "-c", PROBE, GATEWAY, "53"], timeout=60)
-            assert result.stdout.decode().startswith("REFUSED"), result.stdout
+            assert result.stdout.startswith("REFUSED"), result.stdout
             with pytest.raises(Conflict, match="no network"):
                 await rt.forward_port(session.id, 8000)
         finally:

@@ -1,90 +1,63 @@
 """forkpoint's data model: one type per concept, and every limit, defined once.
 
 These are the values users see. The runtime returns them, the REST API declares them as
-``response_model`` and request bodies, the CLI prints them with ``--json``, MCP tools
-return them, and the SDK parses its responses into them. Guest-side values that cross
-the agent protocol unchanged (a process, a directory entry, a started background
-process) are the :mod:`forkpoint.protocol` dataclasses, re-exported here under their
-public names; pydantic validates and serialises them like the models below.
+its response types, the CLI prints them with ``--json``, MCP tools return them, and the SDK
+parses its responses into them. Guest-side values that cross the agent protocol unchanged
+(a process, a directory entry, a started background process) are the
+:mod:`forkpoint.protocol` dataclasses, re-exported here under their public names. The
+request bodies, with these limits as validation rules, are :mod:`forkpoint.requests`.
 
-Light on purpose: pydantic and the standard library only, so ``import forkpoint.sdk``
-stays fast and loads no runtime, VM or store code.
+Frozen standard-library dataclasses, not pydantic models, on purpose: importing this
+module costs next to nothing, so ``forkpoint ls --json`` stays fast (pydantic alone takes
+longer to import than the whole command may). pydantic validates and serialises these
+dataclasses wherever it is already loaded (REST, SDK, MCP).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    StringConstraints,
-    ValidationError,
-    model_validator,
-)
-
-from forkpoint.errors import InvalidInput
 from forkpoint.protocol import DirEntry as FileEntry
 from forkpoint.protocol import ProcessInfo as Process
 from forkpoint.protocol import SpawnResult as BackgroundProcess
 
 __all__ = [
     "ID_PATTERN",
+    "MAX_CPUS",
     "MAX_FORKS",
+    "MAX_MEMORY_MIB",
     "MAX_PORTS",
+    "MIN_MEMORY_MIB",
     "NAME_PATTERN",
     "BackgroundProcess",
     "Checkpoint",
     "CheckpointKind",
-    "CheckpointRequest",
     "CommandResult",
-    "Cpus",
-    "CreateSessionRequest",
     "ErrorDetail",
     "ErrorResponse",
-    "ExecRequest",
     "FileEntry",
-    "ForkRequest",
-    "GuestPort",
     "Health",
-    "MemoryMiB",
-    "Name",
     "Network",
     "OutputEncoding",
     "Port",
-    "PortRequest",
     "Process",
-    "Ref",
-    "RollbackRequest",
     "Session",
     "SessionState",
-    "describe_invalid",
-    "parse",
+    "to_json_data",
 ]
 
 # -- limits ----------------------------------------------------------------------------
 
+MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
+MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ID_PATTERN = r"^[sc]-[0-9a-f]{10}$"  # names may not look like this (ids and names share refs)
 
-GuestPort = Annotated[int, Field(ge=1, le=65535, description="A TCP port inside the guest.")]
-MemoryMiB = Annotated[int, Field(ge=128, le=65536, description="Guest RAM in MiB.")]
-Cpus = Annotated[int, Field(ge=1, le=64, description="Virtual CPUs.")]
-Name = Annotated[
-    str,
-    StringConstraints(pattern=NAME_PATTERN),
-    Field(description="1-63 of [A-Za-z0-9._-], starting with a letter or digit."),
-]
-Ref = Annotated[str, StringConstraints(min_length=1, max_length=128)]  # an id or a name
-GuestPath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 OutputEncoding = Literal["text", "base64"]
 
 
@@ -118,47 +91,45 @@ class CheckpointKind(StrEnum):
 # -- values ----------------------------------------------------------------------------
 
 
-class _Value(BaseModel):
-    # Frozen values; unknown fields from a newer server are ignored, not an error.
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-
-class Port(_Value):
-    """A guest port forwarded to ``127.0.0.1:host_port`` on the host (never elsewhere)."""
+@dataclass(frozen=True)
+class Port:
+    """A guest port forwarded to ``127.0.0.1:host_port`` on the host (never elsewhere).
+    ``url`` is always ``http://127.0.0.1:<host_port>`` (derived, whatever is passed)."""
 
     guest_port: int
     host_port: int
-    url: str = Field(default="", description="Always http://127.0.0.1:<host_port>.")
+    url: str = field(default="", compare=False)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _derive_url(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "host_port" in data:
-            return {**data, "url": f"http://127.0.0.1:{data['host_port']}"}
-        return data
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", f"http://127.0.0.1:{self.host_port}")
 
 
-class Session(_Value):
-    """One session (one microVM). ``id`` is stable across rollbacks."""
+@dataclass(frozen=True)
+class Session:
+    """One session (one microVM). ``id`` is stable across rollbacks; ``created_at`` is
+    ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
+    it was last restored from."""
 
     id: str
     name: str | None
     image: str
     state: SessionState
-    created_at: str = Field(description="ISO-8601 UTC, e.g. 2026-05-01T12:00:00.123Z.")
-    parent_checkpoint: str | None = Field(description="The checkpoint it was restored from.")
-    ports: tuple[Port, ...] = ()
+    created_at: str
+    parent_checkpoint: str | None
     memory_mib: int
     cpus: int
     network: Network
+    ports: tuple[Port, ...] = ()
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""
         return next((p for p in self.ports if p.guest_port == guest_port), None)
 
 
-class Checkpoint(_Value):
-    """An immutable checkpoint: memory, device state and disk of a session at one moment."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """An immutable checkpoint: memory, device state and disk of a session at one moment.
+    ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward."""
 
     id: str
     session_id: str
@@ -169,11 +140,12 @@ class Checkpoint(_Value):
     image: str
     size_bytes: int
     duration_ms: float
-    pause_ms: float = Field(description="How long the VM was paused.")
-    guest_ports: tuple[int, ...] = Field(default=(), description="Guest ports its forks forward.")
+    pause_ms: float
+    guest_ports: tuple[int, ...] = ()
 
 
-class CommandResult(_Value):
+@dataclass(frozen=True)
+class CommandResult:
     """A finished command. ``exit_code`` is 128+N when killed by signal N (``signal``).
 
     ``stdout``/``stderr`` are UTF-8 text (undecodable bytes replaced) when ``encoding`` is
@@ -183,14 +155,13 @@ class CommandResult(_Value):
     """
 
     exit_code: int
-    signal: int | None = None
     stdout: str
     stderr: str
+    duration_ms: float
+    signal: int | None = None
     encoding: OutputEncoding = "text"
     truncated: bool = False
-    duration_ms: float
     pid: int = 0
-    _raw: tuple[bytes, bytes] | None = PrivateAttr(default=None)
 
     @classmethod
     def of(
@@ -216,17 +187,23 @@ class CommandResult(_Value):
             exit_code=exit_code, signal=signal, stdout=encode(stdout), stderr=encode(stderr),
             encoding=encoding, truncated=truncated, duration_ms=round(duration_ms, 1), pid=pid,
         )  # fmt: skip
-        result._raw = (stdout, stderr)
+        object.__setattr__(result, "_raw", (stdout, stderr))  # not a field: never serialised
         return result
 
     def as_text(self) -> CommandResult:
         """The same result with text output; ``stdout_bytes`` stay exact."""
-        fields = self.model_dump(exclude={"stdout", "stderr", "encoding"})
-        return CommandResult.of(**fields, stdout=self.stdout_bytes, stderr=self.stderr_bytes)
+        raw = self.stdout_bytes, self.stderr_bytes
+        text = replace(
+            self, stdout=raw[0].decode("utf-8", "replace"),
+            stderr=raw[1].decode("utf-8", "replace"), encoding="text",
+        )  # fmt: skip
+        object.__setattr__(text, "_raw", raw)
+        return text
 
     def _bytes(self, index: int, text: str) -> bytes:
-        if self._raw is not None:
-            return self._raw[index]
+        raw: tuple[bytes, bytes] | None = getattr(self, "_raw", None)
+        if raw is not None:
+            return raw[index]
         return base64.b64decode(text) if self.encoding == "base64" else text.encode()
 
     @property
@@ -242,9 +219,10 @@ class CommandResult(_Value):
         return self.exit_code == 0
 
 
-class ErrorDetail(_Value):
+@dataclass(frozen=True)
+class ErrorDetail:
     """A :class:`~forkpoint.errors.ForkpointError` on the wire: its ``code``, one-line
-    ``message`` and the structured fields of its class (absent when they do not apply)."""
+    ``message`` and the structured fields of its class (None when they do not apply)."""
 
     code: str
     message: str
@@ -254,92 +232,30 @@ class ErrorDetail(_Value):
     package: str | None = None
 
 
-class ErrorResponse(_Value):
+@dataclass(frozen=True)
+class ErrorResponse:
     """Every error body of the REST API, and a failed fork's slot."""
 
     error: ErrorDetail
 
+    @classmethod
+    def of(cls, error: Any) -> ErrorResponse:
+        """From a :class:`~forkpoint.errors.ForkpointError`."""
+        return cls(ErrorDetail(**error.to_dict()))
 
-class Health(_Value):
+
+@dataclass(frozen=True)
+class Health:
     status: str
     version: str
 
 
-# -- requests --------------------------------------------------------------------------
-
-
-class _Request(BaseModel):
-    # Requests reject what they do not know: a misspelt option is an error, not ignored.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CreateSessionRequest(_Request):
-    image: Name = "default"
-    memory_mib: MemoryMiB = 512
-    cpus: Cpus = 1
-    name: Name | None = None
-    ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
-    network: Network = Network.USER
-
-
-class ExecRequest(_Request):
-    """``command``: an argv list (run directly) or a string (run by ``/bin/sh -c``)."""
-
-    command: (
-        Annotated[list[Annotated[str, StringConstraints(max_length=65536)]], Field(min_length=1)]
-        | Annotated[str, StringConstraints(min_length=1, max_length=1 << 20)]
-    )
-    cwd: GuestPath | None = None
-    env: Annotated[
-        dict[EnvKey, Annotated[str, StringConstraints(max_length=65536)]], Field(max_length=1024)
-    ] = {}
-    stdin: Annotated[str, StringConstraints(max_length=16 << 20)] | None = None
-    stdin_encoding: OutputEncoding = "text"
-    timeout: Annotated[float, Field(gt=0, le=7 * 86400, description="Seconds.")] | None = None
-    background: bool = False
-    output_encoding: OutputEncoding = Field(
-        default="text", description="How stdout/stderr are returned: UTF-8 text (lossy) or base64."
-    )
-
-
-class PortRequest(_Request):
-    guest_port: GuestPort
-
-
-class CheckpointRequest(_Request):
-    name: Name | None = None
-
-
-class ForkRequest(_Request):
-    count: Annotated[int, Field(ge=1, le=MAX_FORKS)] = 1
-
-
-class RollbackRequest(_Request):
-    checkpoint: Ref | None = None
-
-
-# -- checking input --------------------------------------------------------------------
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def parse(model: type[M], **fields: Any) -> M:
-    """``model(**fields)``, or :class:`~forkpoint.errors.InvalidInput` saying in one line
-    what is wrong (the runtime checks its arguments with the request models, so every
-    interface enforces the same limits)."""
-    try:
-        return model(**fields)
-    except ValidationError as error:
-        raise InvalidInput(describe_invalid(error.errors())) from error
-
-
-def describe_invalid(problems: Iterable[Mapping[str, Any]]) -> str:
-    """One line from pydantic's error list: ``memory_mib: Input should be ≥ 128; …``."""
-    parts = []
-    for item in list(problems)[:5]:
-        if item.get("type") == "json_invalid":
-            detail = (item.get("ctx") or {}).get("error", "")
-            return f"malformed JSON body: {detail}".rstrip(": ")
-        loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
-        parts.append(f"{loc}: {item.get('msg', 'invalid')}" if loc else str(item.get("msg")))
-    return "; ".join(parts) or "invalid request"
+def to_json_data(value: Any) -> Any:
+    """``value`` (these values, lists/tuples of them, dicts, enums) as plain JSON data."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_json_data(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_json_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_data(v) for v in value]
+    return value

@@ -12,6 +12,9 @@
                 qemu_start_floor, ram_copy_floor}: {p50_ms, p95_ms, n}
     memory     {fork20_total_mib, method, forks_measured, target_mib, meets_target}
     scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, checkpoint_mib}]
+    cli        {ls, show, exec}: {p50_ms, p95_ms, n} -- wall time of one ``forkpoint`` process
+               (``ls --json`` with a few sessions, ``show S --json``, ``exec S -- true``);
+               ``ls`` also {target_ms, meets_target}: what a CLI-driven agent pays per call
     host       {cpus, accel, qemu_version}
     targets    {create, checkpoint, fork3, rollback, fork20: ms; fork20_memory_mib: MiB}
     fork20_serving  forks (of the fork20 run with the fewest) that served HTTP
@@ -44,6 +47,7 @@ TARGETS: dict[str, int] = {
     "rollback": 150,
     "fork20": 2000,
     "fork20_memory_mib": 3072,
+    "cli_ls": 120,
 }
 
 OPS = ("create", "checkpoint", "fork1", "fork3", "fork20", "rollback")
@@ -89,6 +93,7 @@ def build_result(
     fork_failures: int = 0,
     quick: bool = False,
     wall_s: float | None = None,
+    cli: Mapping[str, Summary] | None = None,
 ) -> dict[str, Any]:
     """Assemble ``bench.json`` and judge every operation against its target."""
     op_out: dict[str, Any] = {}
@@ -115,6 +120,12 @@ def build_result(
         "fork_failures": fork_failures,
         "quick": quick,
     }
+    if cli:
+        result["cli"] = {name: dict(summary) for name, summary in cli.items()}
+        if "ls" in cli:
+            ls = result["cli"]["ls"]
+            ls["target_ms"] = TARGETS["cli_ls"]
+            ls["meets_target"] = ls["p50_ms"] <= TARGETS["cli_ls"]
     if wall_s is not None:
         result["wall_s"] = round(wall_s, 1)
     return result
@@ -211,6 +222,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             f"{'—' if written is None else f'{written:.0f} MiB'} | "
             f"{_ms(row['checkpoint_p50_ms'])} |"
         )
+    lines += _cli_lines(result.get("cli", {}))
     memory = result["memory"]
     total = memory.get("fork20_total_mib")
     lines += ["", "## Memory", ""]
@@ -235,6 +247,36 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     if "wall_s" in result:
         lines.append(f"- bench wall time: {result['wall_s']:.0f} s")
     return "\n".join(lines) + "\n"
+
+
+def _cli_lines(cli: Mapping[str, Any]) -> list[str]:
+    if not cli:
+        return []
+    lines = [
+        "",
+        "## CLI overhead",
+        "",
+        "Wall time of one `forkpoint` process, as a CLI-driven agent pays it on every call.",
+        "",
+        "| command | p50 | p95 | n | target (p50) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, command in (
+        ("ls", "ls --json"),
+        ("show", "show S --json"),
+        ("exec", "exec S -- true"),
+    ):
+        entry = cli.get(name)
+        if entry is None:
+            continue
+        target = "—"
+        if entry.get("target_ms") is not None:
+            target = f"≤ {_ms(entry['target_ms'])} {'✅' if entry['meets_target'] else '❌'}"
+        lines.append(
+            f"| `forkpoint {command}` | {_ms(entry['p50_ms'])} | {_ms(entry['p95_ms'])} | "
+            f"{entry['n']} | {target} |"
+        )
+    return lines
 
 
 MEMORY_NOTE = "512 MiB guest running a web server (a socket-level Python HTTP server), idle."

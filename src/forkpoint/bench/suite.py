@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,7 @@ _SERVER_CMD = ["python3", "-S", "-c", SERVER_CODE]
 _SERVER_TIMEOUT_S = 120.0
 _SERVING_TIMEOUT_S = 15.0
 _ALLOC_TIMEOUT_S = 300.0
+_CLI_REPS = 10  # cheap: a process each
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ class Suite:
         ops["rollback"], ready["rollback"] = await self._repeat(
             "rollback", plan.reps, lambda: self._rollback_once(server.id, checkpoint.id, url)
         )
+        cli = await self._cli_overhead(server.id)
 
         baselines = await self._baselines(shape, boot, image, checkpoint.id)
         await self._remove_sessions([server])
@@ -203,6 +206,7 @@ class Suite:
             fork_wide=wide,
             quick=plan == Plan.quick(),
             wall_s=time.perf_counter() - started,
+            cli=cli,
         )
         return result
 
@@ -406,6 +410,30 @@ class Suite:
     async def _wait_http(self, url: str, timeout_s: float) -> None:
         if not await self._serves(url, timeout_s):
             raise InternalError(f"the guest web server at {url} did not answer in {timeout_s} s")
+
+    async def _cli_overhead(self, session_id: str) -> dict[str, Summary]:
+        """Wall time of whole ``forkpoint`` processes (the console script of this Python),
+        as a CLI-driven agent pays it per call; with the sessions of the run alive."""
+        forkpoint = str(Path(sys.executable).with_name("forkpoint"))
+        commands = {
+            "ls": ["ls", "--json"],
+            "show": ["show", session_id, "--json"],
+            "exec": ["exec", session_id, "--", "true"],
+        }
+        out: dict[str, Summary] = {}
+        for name, args in commands.items():
+            samples = []
+            for _ in range(_CLI_REPS):
+                started = time.perf_counter()
+                process = await asyncio.create_subprocess_exec(
+                    forkpoint, *args, stdout=asyncio.subprocess.DEVNULL
+                )
+                if await process.wait() != 0:
+                    raise InternalError(f"`forkpoint {' '.join(args)}` failed in the bench")
+                samples.append((time.perf_counter() - started) * 1000)
+            out[name] = summarize(samples)
+            self.log(f"cli {name}: p50 {out[name]['p50_ms']:.0f} ms (n={out[name]['n']})")
+        return out
 
     async def _remove_sessions(self, sessions: list[Session]) -> None:
         """Remove sessions side by side (not timed); leftovers are retried at cleanup."""

@@ -1,14 +1,13 @@
-"""Shared plumbing of the session commands: one Runtime per command, spinners, rendering.
+"""Shared plumbing of the session commands: spinners, timers, rendering (rich).
 
-Each command is one ``asyncio.run`` around one ``Runtime.open()`` … ``close()``. The
-runtime is imported lazily so ``forkpoint --help`` and the image commands stay fast.
+Running an operation on a runtime (``run``) and ``parse_env`` live in
+:mod:`forkpoint.cli.core`, which the quick path uses without rich; re-exported here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
@@ -18,12 +17,11 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
+from forkpoint.cli.core import parse_env, run
 from forkpoint.cli.output import console, err_console
-from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
     from forkpoint.models import Checkpoint, Session
-    from forkpoint.runtime import Runtime
 
 __all__ = [
     "Timer",
@@ -40,20 +38,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
-    """Open the runtime, await ``operation(runtime)``, close it; returns its result."""
-    from forkpoint.runtime import Runtime
-
-    async def main() -> T:
-        runtime = Runtime.open()
-        try:
-            return await operation(runtime)
-        finally:
-            runtime.close()
-
-    return asyncio.run(main())
 
 
 @contextmanager
@@ -104,17 +88,6 @@ def short_time(iso: str) -> str:
 def format_ms(ms: float) -> str:
     """``95 ms`` below 10 s, else ``12.3 s``."""
     return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
-
-
-def parse_env(pairs: list[str] | None) -> dict[str, str]:
-    """``["K=V", …]`` → dict. :raises InvalidInput: an item without ``=`` or an empty key."""
-    env: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidInput(f"--env must be KEY=VALUE, got {pair!r}")
-        env[key] = value
-    return env
 
 
 def _state_style(state: str) -> str:

@@ -11,11 +11,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from forkpoint.cli._run import Timer, format_ms, parse_env, print_table, run
+from forkpoint.cli import core
+from forkpoint.cli._run import Timer, format_ms, print_table, run
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.models import BackgroundProcess, CommandResult, FileEntry, Process
+    from forkpoint.models import FileEntry, Process
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -67,39 +68,11 @@ def exec_command(
     Its stdout and stderr stream live to yours and forkpoint exits with its exit code.
     With --json the output is collected into {exit_code, stdout, stderr, duration_ms}.
     """
-    environment = parse_env(env)
-    if background:
-
-        async def spawn(runtime: Runtime) -> BackgroundProcess:
-            return await runtime.spawn(session, command, cwd=cwd, env=environment)
-
-        started = run(spawn)
-        if as_json:
-            emit_json(started)
-        else:
-            console.print(f"started pid {started.pid} (log: {started.log_path})", markup=False)
-        return
-
-    async def to_stdout(data: bytes) -> None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-
-    async def to_stderr(data: bytes) -> None:
-        sys.stderr.buffer.write(data)
-        sys.stderr.buffer.flush()
-
-    async def execute(runtime: Runtime) -> CommandResult:
-        return await runtime.exec(
-            session, command, cwd=cwd, env=environment, timeout=timeout,
-            on_stdout=None if as_json else to_stdout,
-            on_stderr=None if as_json else to_stderr,
-        )  # fmt: skip
-
-    result = run(execute)
-    if as_json:
-        emit_json(result)
-    # The guest's exit code, passed through (1.. as the guest's), with or without --json.
-    raise typer.Exit(result.exit_code)
+    code = core.exec_command(
+        session, command, background=background, cwd=cwd, env_pairs=env or [],
+        timeout=timeout, as_json=as_json,
+    )  # fmt: skip
+    raise typer.Exit(code)
 
 
 @reports_errors

@@ -8,19 +8,18 @@ the documented exit codes: 0 ok, 1 guest command failed, 2 bad input, 3 not foun
 from __future__ import annotations
 
 import functools
-import json
-import sys
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from forkpoint.cli.core import emit_json
 from forkpoint.errors import ForkpointError, InternalError
 
-__all__ = ["JSON_OPTION", "console", "emit_json", "err_console", "fail", "reports_errors"]
+__all__ = ["JSON_OPTION", "console", "emit_json", "err_console", "report", "reports_errors"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,17 +31,11 @@ err_console = Console(stderr=True, soft_wrap=True)
 JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON.")
 
 
-def emit_json(value: Any) -> None:
-    """Print ``value`` (plain data, :mod:`forkpoint.models` values, lists of them) as one
-    JSON document on stdout."""
-    from pydantic_core import to_jsonable_python
-
-    sys.stdout.write(json.dumps(to_jsonable_python(value), indent=2, default=str) + "\n")
-    sys.stdout.flush()
-
-
-def fail(error: ForkpointError, as_json: bool) -> typer.Exit:
-    """Report ``error`` the documented way and return the Exit to raise."""
+def report(error: BaseException, as_json: bool) -> int:
+    """Report ``error`` the documented way (one line; a bug is an ``internal`` error, never
+    a traceback) and return the exit code."""
+    if not isinstance(error, ForkpointError):
+        error = InternalError(f"{type(error).__name__}: {error}")
     if as_json:
         emit_json({"error": error.to_dict()})
     # soft_wrap: an error is always ONE line, whatever the terminal width (greppable).
@@ -54,7 +47,7 @@ def fail(error: ForkpointError, as_json: bool) -> typer.Exit:
     )
     if error.log_tail and not as_json:
         err_console.print(error.log_tail, markup=False, highlight=False, style="dim")
-    return typer.Exit(error.exit_code)
+    return error.exit_code
 
 
 def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -65,15 +58,12 @@ def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
         as_json = bool(kwargs.get("as_json", False))
         try:
             return func(*args, **kwargs)
-        except ForkpointError as error:
-            raise fail(error, as_json) from None
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, click.exceptions.ClickException):
             raise  # typer/click report these themselves (usage errors exit 2)
-        except Exception as error:  # a bug: still one line, never a traceback
-            wrapped = InternalError(f"{type(error).__name__}: {error}")
-            raise fail(wrapped, as_json) from None
+        except Exception as error:
+            raise typer.Exit(report(error, as_json)) from None
 
     return wrapper

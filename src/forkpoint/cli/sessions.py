@@ -19,6 +19,7 @@ from forkpoint.cli._run import (
     spinner,
 )
 from forkpoint.cli._run import styled_state as _state
+from forkpoint.cli.core import get_session, list_sessions
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 
 if TYPE_CHECKING:
@@ -80,10 +81,7 @@ def create_command(
 def ls_command(as_json: bool = JSON_OPTION) -> None:
     """List sessions."""
 
-    async def op(runtime: Runtime) -> list[Session]:
-        return runtime.list_sessions()
-
-    sessions = run(op)
+    sessions = list_sessions()
     if as_json:
         emit_json(sessions)
         return
@@ -114,10 +112,7 @@ def show_command(
 ) -> None:
     """Show one session."""
 
-    async def op(runtime: Runtime) -> Session:
-        return runtime.get(session)
-
-    s = run(op)
+    s = get_session(session)
     if as_json:
         emit_json(s)
         return

@@ -31,6 +31,7 @@ from forkpoint.browser import Browser, ScreenshotResult, compose_overview, diff_
 from forkpoint.demo.builder import APP_DIR, PAGE_PATH, STEPS, Builder, StepResult
 from forkpoint.demo.chart import check_chart
 from forkpoint.errors import ForkpointError, InternalError
+from forkpoint.models import to_json_data
 
 if TYPE_CHECKING:
     from forkpoint.agent_client import ProcessInfo
@@ -168,7 +169,7 @@ class Scenario:
         checkpoint = await self.runtime.checkpoint(parent.id, name="demo-dashboard")
         self._time("checkpoint", started)
         self.facts["checkpoint_id"] = checkpoint.id
-        self.facts["checkpoint"] = checkpoint.model_dump(mode="json")
+        self.facts["checkpoint"] = to_json_data(checkpoint)
         self._fact(
             f"checkpoint [cyan]{checkpoint.id}[/] (VM paused {checkpoint.pause_ms:.0f} ms, "
             f"{checkpoint.size_bytes / 2**20:.1f} MiB)",

@@ -21,18 +21,14 @@ from pydantic import Field
 from forkpoint import __version__
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
-    MAX_FORKS,
     BackgroundProcess,
     Checkpoint,
     CommandResult,
-    Cpus,
     ErrorResponse,
-    GuestPort,
-    MemoryMiB,
-    Name,
     Port,
     Session,
 )
+from forkpoint.requests import Cpus, ForkCount, GuestPort, MemoryMiB, Name
 from forkpoint.runtime import Runtime
 
 __all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
@@ -142,17 +138,14 @@ def build_server(runtime: Runtime) -> MCPServer:
 
     @_tool_errors
     async def fork(
-        checkpoint: str, count: Annotated[int, Field(ge=1, le=MAX_FORKS)] = 1
+        checkpoint: str, count: ForkCount = 1
     ) -> dict[str, list[Session | ErrorResponse]]:
         """Start ``count`` new sessions from a checkpoint; each wakes up with the same
         processes running. A failed fork is reported as an error in its slot."""
         results = await runtime.fork(checkpoint, count)
         return {
             "sessions": [
-                ErrorResponse.model_validate({"error": r.to_dict()})
-                if isinstance(r, ForkpointError)
-                else r
-                for r in results
+                ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results
             ]
         }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -28,17 +29,13 @@ from forkpoint.models import (
     Checkpoint,
     CheckpointKind,
     CommandResult,
-    CreateSessionRequest,
     FileEntry,
-    ForkRequest,
     Network,
     OutputEncoding,
     Port,
-    PortRequest,
     Process,
     Session,
     SessionState,
-    parse,
 )
 from forkpoint.store import (
     CheckpointRecord,
@@ -54,6 +51,7 @@ from forkpoint.vm import (
     BootFiles,
     Machine,
     MachineShape,
+    QemuBuild,
     VmFiles,
     detect_accel,
     guest_cmdline,
@@ -86,9 +84,14 @@ class Runtime:
     def __init__(self, home_: Home, store: Store) -> None:
         self.home = home_
         self.store = store
-        self.build = qemu_build()
         # Forks in this process queue here instead of polling the inter-process lock.
         self._ports_lock = asyncio.Lock()
+
+    @functools.cached_property
+    def build(self) -> QemuBuild:
+        """The QEMU in use; identified on first need (it hashes the binary), not by the
+        queries a CLI call makes (``ls``, ``show``, ``exec``)."""
+        return qemu_build()
 
     @classmethod
     def open(cls, home_: Home | None = None) -> Runtime:
@@ -154,6 +157,8 @@ class Runtime:
 
         :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
         """
+        from forkpoint.requests import CreateSessionRequest, parse  # pydantic: only when used
+
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
             ports=tuple(ports), network=network,
@@ -447,6 +452,8 @@ class Runtime:
         Each gets a new id and its own host ports for the checkpoint's forwarded guest
         ports. A fork that fails is reported in its slot; the others still run.
         """
+        from forkpoint.requests import ForkRequest, parse
+
         parse(ForkRequest, count=count)
         record = self.store.get_checkpoint(checkpoint)
         source = self._source_session(record)
@@ -552,6 +559,8 @@ class Runtime:
 
     async def forward_port(self, session: str, guest_port: int) -> Port:
         """Forward ``guest_port`` to a free port on the host's 127.0.0.1 (idempotent)."""
+        from forkpoint.requests import PortRequest, parse
+
         parse(PortRequest, guest_port=guest_port)
         record = self.store.get_session(session)
         existing = record.port_for(guest_port)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
@@ -214,7 +215,7 @@ class ApiClient:
         response = await self._request("POST", url, json={"count": count})
         slots = [_SLOT.validate_python(slot) for slot in response.json()]
         return [
-            ForkpointError.from_dict(s.error.model_dump()) if isinstance(s, ErrorResponse) else s
+            ForkpointError.from_dict(asdict(s.error)) if isinstance(s, ErrorResponse) else s
             for s in slots
         ]
 

@@ -15,7 +15,9 @@ How the twin is derived:
   wrapped by the table ``_TWINS`` (async type -> sync type), element-wise through lists
   and tuples: ``ck.fork(3)`` gives ``list[Sandbox | ForkpointError]``.
 
-Adding a method to the async core adds it here; nothing in this module names one.
+Adding a method to the async core adds it here; nothing in this module names one. Type
+checkers cannot follow this, so they read ``_sync.pyi`` instead, generated from the async
+core by :mod:`forkpoint.sdk._stubgen` (a test fails when it is stale).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ._async import AsyncCheckpoint, AsyncCommands, AsyncFiles, AsyncPorts, AsyncSandbox
 
@@ -113,13 +115,7 @@ def _property(name: str, doc: str | None) -> property:
     return property(get, doc=doc)
 
 
-class _TwinMeta(type):
-    if TYPE_CHECKING:
-        # The members are generated, so type checkers see them as Any.
-        def __getattr__(cls, name: str) -> Any: ...
-
-
-class SyncTwin(metaclass=_TwinMeta):
+class SyncTwin:
     """Base of the generated blocking classes; see the module docstring."""
 
     _async_type: ClassVar[type]

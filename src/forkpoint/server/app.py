@@ -28,20 +28,22 @@ from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
-    CheckpointRequest,
     CommandResult,
-    CreateSessionRequest,
     ErrorResponse,
-    ExecRequest,
     FileEntry,
-    ForkRequest,
     Health,
     Port,
-    PortRequest,
     Process,
+    Session,
+)
+from forkpoint.requests import (
+    CheckpointRequest,
+    CreateSessionRequest,
+    ExecRequest,
+    ForkRequest,
+    PortRequest,
     Ref,
     RollbackRequest,
-    Session,
     describe_invalid,
 )
 from forkpoint.runtime import Runtime
@@ -302,12 +304,7 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
     )
     async def fork(checkpoint_id: CheckpointId, body: ForkRequest) -> list[Session | ErrorResponse]:
         results = await runtime.fork(checkpoint_id, body.count)
-        return [
-            ErrorResponse.model_validate({"error": r.to_dict()})
-            if isinstance(r, ForkpointError)
-            else r
-            for r in results
-        ]
+        return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
 
     return r
 

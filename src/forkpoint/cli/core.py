@@ -1,0 +1,116 @@
+"""What the session commands need that costs no start-up time: run one operation on a
+runtime, print JSON, parse ``--env``, and the bodies of ``ls``/``show``/``exec``.
+
+No typer, rich or pydantic here: the quick path (:mod:`forkpoint.cli.quick`) runs these
+commands with nothing else loaded, and the typer commands call the same functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from forkpoint.errors import InvalidInput
+from forkpoint.models import to_json_data
+
+if TYPE_CHECKING:
+    from forkpoint.models import BackgroundProcess, CommandResult, Session
+    from forkpoint.runtime import Runtime
+
+__all__ = ["emit_json", "exec_command", "get_session", "list_sessions", "parse_env", "run"]
+
+T = TypeVar("T")
+
+
+def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
+    """Open the runtime, await ``operation(runtime)``, close it; returns its result."""
+    from forkpoint.runtime import Runtime
+
+    async def main() -> T:
+        runtime = Runtime.open()
+        try:
+            return await operation(runtime)
+        finally:
+            runtime.close()
+
+    return asyncio.run(main())
+
+
+def emit_json(value: Any) -> None:
+    """Print ``value`` (plain data, :mod:`forkpoint.models` values, lists of them) as one
+    JSON document on stdout."""
+    sys.stdout.write(json.dumps(to_json_data(value), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def parse_env(pairs: Sequence[str] | None) -> dict[str, str]:
+    """``["K=V", …]`` → dict. :raises InvalidInput: an item without ``=`` or an empty key."""
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"--env must be KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def list_sessions() -> list[Session]:
+    async def op(runtime: Runtime) -> list[Session]:
+        return runtime.list_sessions()
+
+    return run(op)
+
+
+def get_session(session: str) -> Session:
+    async def op(runtime: Runtime) -> Session:
+        return runtime.get(session)
+
+    return run(op)
+
+
+def exec_command(
+    session: str,
+    command: Sequence[str],
+    *,
+    background: bool,
+    cwd: str | None,
+    env_pairs: Sequence[str],
+    timeout: float | None,
+    as_json: bool,
+) -> int:
+    """``forkpoint exec``: run ``command`` (its output streamed live to ours, or collected
+    into JSON) or start it in the background; returns the exit code to exit with (the
+    guest's own, passed through)."""
+    env = parse_env(env_pairs)
+
+    async def start(runtime: Runtime) -> BackgroundProcess:
+        return await runtime.spawn(session, command, cwd=cwd, env=env)
+
+    async def to_stdout(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    async def to_stderr(data: bytes) -> None:
+        sys.stderr.buffer.write(data)
+        sys.stderr.buffer.flush()
+
+    async def execute(runtime: Runtime) -> CommandResult:
+        return await runtime.exec(
+            session, command, cwd=cwd, env=env, timeout=timeout,
+            on_stdout=None if as_json else to_stdout, on_stderr=None if as_json else to_stderr,
+        )  # fmt: skip
+
+    if background:
+        started = run(start)
+        if as_json:
+            emit_json(started)
+        else:
+            print(f"started pid {started.pid} (log: {started.log_path})", flush=True)
+        return 0
+    result = run(execute)
+    if as_json:
+        emit_json(result)
+    return result.exit_code
