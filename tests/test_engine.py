@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
@@ -22,6 +23,7 @@ from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
 from forkpoint.runtime.manifest import check_compatible, read_manifest
+from forkpoint.server import create_app
 from forkpoint.store import SessionState
 from forkpoint.vm import Machine, MachineShape
 from forkpoint.vm.process import pids_with_arg
@@ -332,5 +334,31 @@ def test_manifest_refuses_another_qemu_build_or_shape(rt: Runtime, parent: Sessi
                     check_compatible(ck.id, manifest, other)
         finally:
             await rt.remove_checkpoint(ck.id)
+
+    run(scenario())
+
+
+def test_a_long_exec_does_not_delay_a_file_read_over_rest(rt: Runtime, parent: Session) -> None:
+    # Both go through the server app onto one multiplexed agent connection: the read
+    # must not wait for the exec to finish.
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=create_app(rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://forkpoint") as api:
+            base = f"/v1/sessions/{parent.id}"
+            started = time.monotonic()
+            running = asyncio.create_task(
+                api.post(f"{base}/exec", json={"command": "sleep 10; echo slept"})
+            )
+            await asyncio.sleep(2)  # the exec is under way
+            read_started = time.monotonic()
+            read = await api.get(f"{base}/files", params={"path": "/data/keep.txt"})
+            read_s = time.monotonic() - read_started
+            print(f"\nfiles.read during a 10 s exec: {read_s * 1000:.0f} ms")
+            assert read.status_code == 200 and read.content == b"keep me\n"
+            assert not running.done(), "the exec must still be running"
+            assert read_s < 1.0, read_s
+            result = await running
+            assert result.status_code == 200 and result.json()["stdout"] == "slept\n"
+            assert time.monotonic() - started >= 10
 
     run(scenario())

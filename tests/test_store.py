@@ -157,7 +157,7 @@ def test_session_round_trip(store: Store) -> None:
     assert updated.state is SessionState.RUNNING
     assert (updated.qemu_pid, updated.aux_pids, updated.generation) == (4242, (7, 8), 1)
     assert updated.name == "web" and updated.ports == created.ports
-    assert store.update_session(created.id, network="none").network is Network.NONE
+    assert store.update_session(created.id, network=Network.NONE).network is Network.NONE
 
     store.delete_session(created.id)
     assert store.list_sessions() == []
@@ -170,7 +170,7 @@ def test_unknown_things_are_not_found(store: Store) -> None:
     with pytest.raises(NotFound, match="^unknown checkpoint: c-0000000000$"):
         store.get_checkpoint("c-0000000000")
     with pytest.raises(NotFound, match="unknown session"):
-        store.update_session("nope", state="running")
+        store.update_session("nope", state=SessionState.RUNNING)
     with pytest.raises(NotFound, match="unknown session"):
         store.delete_session("nope")
     with pytest.raises(NotFound, match="unknown layer: nope"):
@@ -181,12 +181,13 @@ def test_unknown_things_are_not_found(store: Store) -> None:
 
 def test_update_session_refuses_bad_fields(store: Store) -> None:
     s = _session(store)
-    with pytest.raises(InvalidInput, match="id"):
-        store.update_session(s.id, id="s-0000000000")
-    with pytest.raises(InvalidInput, match="ports"):
-        store.update_session(s.id, ports=[])
+    # Fields that cannot change are no parameters at all (the type checker says so).
+    with pytest.raises(TypeError, match="id"):
+        store.update_session(s.id, id="s-0000000000")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="ports"):
+        store.update_session(s.id, ports=[])  # type: ignore[call-arg]
     with pytest.raises(InvalidInput, match="state"):
-        store.update_session(s.id, state="sleeping")
+        store.update_session(s.id, state="sleeping")  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="memory_mib"):
         store.update_session(s.id, memory_mib=0)
     with pytest.raises(InvalidInput, match="name"):

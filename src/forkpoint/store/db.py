@@ -10,17 +10,19 @@ short (never hold one across QEMU work: other processes wait on it).
 
 from __future__ import annotations
 
+import enum
 import json
 import sqlite3
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, InternalError, InUse, InvalidInput, NotFound
+from forkpoint.polling import poll_until_sync
 from forkpoint.store._rows import (
     CHECKPOINT_COLUMNS,
     SESSION_COLUMNS,
@@ -59,6 +61,15 @@ from forkpoint.store.schema import MIGRATIONS, migrate, schema_version
 __all__ = ["DEFAULT_BUSY_TIMEOUT_S", "Store"]
 
 DEFAULT_BUSY_TIMEOUT_S = 10.0
+
+
+class Keep(enum.Enum):
+    """Marks an :meth:`Store.update_session` field left as it is (None is a value)."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
 
 
 class Store:
@@ -250,21 +261,40 @@ class Store:
                 )
             return [session_from_row(row, ports.get(row["id"], [])) for row in rows]
 
-    def update_session(self, session_id: str, **fields: object) -> SessionRecord:
-        """Change some fields of a session; return the new record.
+    def update_session(
+        self,
+        session_id: str,
+        *,
+        name: str | None | Keep = KEEP,
+        image: str | Keep = KEEP,
+        image_hash: str | Keep = KEEP,
+        state: SessionState | Keep = KEEP,
+        parent_checkpoint: str | None | Keep = KEEP,
+        memory_mib: int | Keep = KEEP,
+        cpus: int | Keep = KEEP,
+        network: Network | Keep = KEEP,
+        disk_layer: str | Keep = KEEP,
+        generation: int | Keep = KEEP,
+        qemu_pid: int | None | Keep = KEEP,
+        aux_pids: Sequence[int] | Keep = KEEP,
+    ) -> SessionRecord:
+        """Change the fields given (the others keep their values); return the new record.
 
-        Updatable: name, image, image_hash, state, parent_checkpoint, memory_mib, cpus,
-        network, disk_layer, generation, qemu_pid, aux_pids. For a read-modify-write
-        (e.g. ``generation + 1``) wrap the read and this call in :meth:`transaction`.
+        For a read-modify-write (e.g. ``generation + 1``) wrap the read and this call in
+        :meth:`transaction`.
 
         Raises:
             NotFound: unknown session, or an unknown ``disk_layer``/``parent_checkpoint``.
-            InvalidInput: an unknown field or a malformed value.
+            InvalidInput: a malformed value.
             Conflict: the new name is taken.
         """
-        unknown = sorted(set(fields) - set(SESSION_UPDATERS))
-        if unknown:
-            raise InvalidInput(f"cannot update session field(s): {', '.join(unknown)}")
+        given: dict[str, object] = {
+            "name": name, "image": image, "image_hash": image_hash, "state": state,
+            "parent_checkpoint": parent_checkpoint, "memory_mib": memory_mib, "cpus": cpus,
+            "network": network, "disk_layer": disk_layer, "generation": generation,
+            "qemu_pid": qemu_pid, "aux_pids": aux_pids,
+        }  # fmt: skip
+        fields = {key: value for key, value in given.items() if value is not KEEP}
         values = {key: SESSION_UPDATERS[key](value) for key, value in fields.items()}
         with self.transaction() as conn:
             current = self.get_session(session_id)
@@ -623,15 +653,23 @@ class Store:
 def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     # Switching a fresh database to WAL needs an exclusive lock, and SQLite does not
     # always apply the busy handler to it: retry while another process opens it too.
-    deadline = time.monotonic() + timeout_s
-    while True:
+    failure: sqlite3.OperationalError | None = None
+
+    def switch() -> str | None:
+        nonlocal failure
         try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
+            if "locked" not in str(exc):
                 raise InternalError(f"cannot open the metadata database: {exc}") from exc
-            time.sleep(0.01)
-            continue
-        if str(mode).lower() != "wal":
-            raise InternalError(f"the metadata database cannot use WAL (mode: {mode})")
-        return
+            failure = exc
+            return None
+
+    mode = poll_until_sync(
+        switch,
+        timeout_s=timeout_s,
+        timed_out=lambda: InternalError(f"cannot open the metadata database: {failure}"),
+        interval_s=0.01,
+    )
+    if mode.lower() != "wal":
+        raise InternalError(f"the metadata database cannot use WAL (mode: {mode})")

@@ -13,11 +13,9 @@ never deleted: unlinking a lock file races with a process that has just opened i
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
@@ -29,6 +27,7 @@ from pathlib import Path
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, InvalidInput
+from forkpoint.polling import poll_until, poll_until_sync
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -56,11 +55,12 @@ def _open(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int) -> bool | None:
+    """True once locked; None while another holder has it."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return False
+        return None
     return True
 
 
@@ -75,43 +75,45 @@ def _release(fd: int) -> None:
 @contextmanager
 def _hold(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
     fd = _open(path)
-    locked = False
     try:
-        deadline = time.monotonic() + timeout_s
-        delay = _POLL_MIN_S
-        while not (locked := _try_lock(fd)):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Conflict(busy)
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, _POLL_MAX_S)
+        poll_until_sync(
+            lambda: _try_lock(fd),
+            timeout_s=timeout_s,
+            timed_out=lambda: Conflict(busy),
+            interval_s=_POLL_MIN_S,
+            max_interval_s=_POLL_MAX_S,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         yield
     finally:
-        if locked:
-            _release(fd)
-        else:
-            os.close(fd)
+        _release(fd)
 
 
 @asynccontextmanager
 async def _hold_async(path: Path, timeout_s: float, busy: str) -> AsyncIterator[None]:
     fd = _open(path)
-    locked = False
+
+    async def locked() -> bool | None:
+        return _try_lock(fd)
+
     try:
-        deadline = time.monotonic() + timeout_s
-        delay = _POLL_MIN_S
-        while not (locked := _try_lock(fd)):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Conflict(busy)
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, _POLL_MAX_S)
+        await poll_until(
+            locked,
+            timeout_s=timeout_s,
+            timed_out=lambda: Conflict(busy),
+            interval_s=_POLL_MIN_S,
+            max_interval_s=_POLL_MAX_S,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         yield
     finally:
-        if locked:
-            _release(fd)
-        else:
-            os.close(fd)
+        _release(fd)
 
 
 def _session_busy(session_id: str) -> str:

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkpoint.errors import QemuError
+from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
 from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
+from forkpoint.vm.runstate import LOADING, PAUSED, RunState, StateError, require
 from forkpoint.vm.shape import BootFiles, MachineShape
 from forkpoint.vm.written import copy_written_pages
 
@@ -190,33 +192,44 @@ class Machine:
 
     async def resume_if_paused(self) -> None:
         """Resume a VM left paused (e.g. by a process killed in the middle of a checkpoint)."""
-        if await self.status() in ("paused", "postmigrate"):
+        if await self.status() in PAUSED:
             await self._qmp.run("cont")
 
-    async def status(self) -> str:
+    async def status(self) -> RunState:
+        """QEMU's run state now."""
         result = await self._qmp.run("query-status")
-        return str(result["status"])
+        return RunState(result["status"])
+
+    @property
+    def describe(self) -> str:
+        """Names this VM in errors."""
+        return self.files.name
 
     async def _wait_incoming(self) -> None:
         """Until the state is loaded; the VM stays paused (it was launched with -S)."""
-        deadline = time.monotonic() + _MIGRATE_TIMEOUT_S
-        while True:
+
+        async def loaded() -> bool | None:
             status = await self.status()
-            if status not in ("inmigrate", "prelaunch", "paused", "postmigrate"):
-                raise QemuError(f"{self.files.name}: restore ended in state {status}")
+            if status not in LOADING:
+                raise StateError(self.describe, status, LOADING)
             info = await self._qmp.run("query-migrate")
             if info.get("status") == "failed":
                 raise QemuError(f"restore failed: {info.get('error-desc', 'unknown error')}")
-            if info.get("status") == "completed" and status != "inmigrate":
-                return
-            if time.monotonic() > deadline:
-                raise QemuError(f"{self.files.name}: restore did not finish in time")
+            if info.get("status") == "completed" and status != RunState.INMIGRATE:
+                return True
             if not self.is_running():
                 raise QemuError(f"{self.files.name}: QEMU exited while restoring")
-            await asyncio.sleep(0.002)
+            return None
+
+        await poll_until(
+            loaded,
+            timeout_s=_MIGRATE_TIMEOUT_S,
+            timed_out=lambda: QemuError(f"{self.files.name}: restore did not finish in time"),
+        )
 
     # -- checkpoint --------------------------------------------------------------------
 
+    @require(RunState.RUNNING)
     async def checkpoint(
         self, new_overlay: Path, state_dest: Path, ram_base: Path, ram_dest: Path
     ) -> CheckpointStats:
@@ -252,9 +265,9 @@ class Machine:
             raise QemuError(
                 f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
                 "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
-            ) from None
+            ) from error
         except QemuError as error:
-            raise QemuError(error.message, log_tail=self.files.log_tail()) from None
+            raise QemuError(error.message, log_tail=self.files.log_tail()) from error
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")
@@ -277,8 +290,9 @@ class Machine:
             await self._qmp.run("xen-save-devices-state", filename=str(dest), live=False)
         except QemuError as error:
             reason = error.message.rpartition("failed: ")[2]
-            raise QemuError(f"{self.files.name}: saving device state failed: {reason}") from None
+            raise QemuError(f"{self.files.name}: saving device state failed: {reason}") from error
 
+    @require(RunState.RUNNING)
     async def save_state(self, dest: Path) -> float:
         """Pause, migrate the whole VM state into ``dest``, resume; returns milliseconds.
 
@@ -293,7 +307,7 @@ class Machine:
         try:
             await self._migrate_to(dest)
         except QemuError as error:
-            raise QemuError(error.message, log_tail=self.files.log_tail()) from None
+            raise QemuError(error.message, log_tail=self.files.log_tail()) from error
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from qemu.qmp import ConnectError, EventListener, ExecuteError, QMPClient, QMPError
 
 from forkpoint.errors import QemuError
+from forkpoint.polling import poll_until
 
 __all__ = ["Qmp"]
 
@@ -42,23 +42,28 @@ class Qmp:
 
         :raises QemuError: QEMU died, or no connection within ``timeout_s`` seconds.
         """
-        deadline = time.monotonic() + timeout_s
-        error: Exception | str = "no socket yet"
-        while True:
+        last_error: Exception | str = "no socket yet"
+
+        async def attempt() -> Qmp | None:
+            nonlocal last_error
             if socket.exists():  # a cheap check first: many VMs may be starting at once
                 client = QMPClient(describe)
                 try:
                     await client.connect(str(socket))
                     return cls(client, describe)
                 except (ConnectError, OSError) as failure:
-                    error = failure
+                    last_error = failure
             if not alive():
-                raise QemuError(f"{describe}: QEMU exited during start-up") from None
-            if time.monotonic() >= deadline:
-                raise QemuError(
-                    f"{describe}: QMP socket did not answer within {timeout_s:g} s: {error}"
-                ) from None
-            await asyncio.sleep(0.002)
+                raise QemuError(f"{describe}: QEMU exited during start-up")
+            return None
+
+        return await poll_until(
+            attempt,
+            timeout_s=timeout_s,
+            timed_out=lambda: QemuError(
+                f"{describe}: QMP socket did not answer within {timeout_s:g} s: {last_error}"
+            ),
+        )
 
     async def run(self, command: str, **arguments: Any) -> Any:
         """Execute ``command``; QEMU's error becomes a QemuError naming the command."""
@@ -66,9 +71,9 @@ class Qmp:
             return await self._client.execute(command, arguments or None)
         except ExecuteError as error:
             desc = error.error.error.desc
-            raise QemuError(f"{self._describe}: {command} failed: {desc}") from None
+            raise QemuError(f"{self._describe}: {command} failed: {desc}") from error
         except (QMPError, OSError, EOFError) as error:
-            raise QemuError(f"{self._describe}: {command}: QMP connection lost ({error})") from None
+            raise QemuError(f"{self._describe}: {command}: QMP connection lost ({error})") from error
 
     async def run_until_event(
         self, event: str, action: Callable[[], Awaitable[None]], timeout_s: float
