@@ -9,18 +9,19 @@ import forkpoint
 
 SRC = Path(forkpoint.__file__).parent
 
-# package -> forkpoint packages it may import (leaf modules errors/config are listed too)
+# package -> forkpoint packages it may import (leaf modules errors/config/polling are listed too)
 ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
     "guest": {"protocol"},
     "errors": set(),
     "config": set(),
+    "polling": set(),
     "models": {"protocol"},
     "requests": {"models", "errors"},
-    "vm": {"errors", "config"},
-    "agent_client": {"protocol", "errors"},
+    "vm": {"errors", "config", "polling"},
+    "agent_client": {"protocol", "errors", "polling"},
     "images": {"errors", "config"},
-    "store": {"errors", "config", "models"},
+    "store": {"errors", "config", "models", "polling"},
     "browser": {"errors"},
     "runtime": {
         "models",
@@ -32,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
         "protocol",
         "errors",
         "config",
+        "polling",
     },
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
     "sdk": {"models", "runtime", "server", "protocol", "errors", "config"},
@@ -48,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
         "protocol",
         "errors",
         "config",
+        "polling",
     },
 }
 # The shells on top may use everything below them.

@@ -7,12 +7,14 @@ process (same PID, in-memory count continuing) and to files across the operation
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -22,10 +24,10 @@ from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
-from forkpoint.runtime.manifest import check_compatible, read_manifest
+from forkpoint.runtime.manifest import Manifest
 from forkpoint.server import create_app
 from forkpoint.store import SessionState
-from forkpoint.vm import Machine, MachineShape
+from forkpoint.vm import Machine
 from forkpoint.vm.process import pids_with_arg
 
 pytestmark = pytest.mark.vm
@@ -312,26 +314,26 @@ def test_manifest_refuses_another_qemu_build_or_shape(rt: Runtime, parent: Sessi
     async def scenario() -> None:
         ck = await rt.checkpoint(parent.id)
         try:
-            manifest = read_manifest(rt.home.checkpoints / ck.id)
-            machine = manifest["machine"]
-            here = MachineShape(
-                machine["memory_mib"], machine["cpus"], machine["accel"], machine["qemu"]
-            )
-            check_compatible(ck.id, manifest, here)  # the same build: accepted
+            files = rt.checkpoint_files(ck.id)
+            manifest = Manifest.load(files)
+            assert manifest.id == ck.id and manifest.session_id == parent.id
+            # the JSON on disk reads back as the same value, in the format it always had
+            raw = json.loads(files.manifest.read_text())
+            assert raw["format"] == 1 and set(raw["machine"]) == {
+                "qemu", "accel", "memory_mib", "cpus", "argv_layout"
+            }  # fmt: skip
+            assert Manifest.from_dict(raw) == manifest
+            here = manifest.shape
+            manifest.check_compatible(here)  # the same build: accepted
             for other in (
-                MachineShape(machine["memory_mib"], machine["cpus"], machine["accel"], "9.9.9#0"),
-                MachineShape(
-                    machine["memory_mib"] * 2, machine["cpus"], machine["accel"], machine["qemu"]
-                ),
-                MachineShape(
-                    machine["memory_mib"],
-                    machine["cpus"],
-                    "kvm" if machine["accel"] == "tcg" else "tcg",
-                    machine["qemu"],
-                ),
+                replace(here, qemu="9.9.9#0"),
+                replace(here, memory_mib=here.memory_mib * 2),
+                replace(here, accel="kvm" if here.accel == "tcg" else "tcg"),
             ):
                 with pytest.raises(IncompatibleCheckpoint, match=ck.id):
-                    check_compatible(ck.id, manifest, other)
+                    manifest.check_compatible(other)
+            with pytest.raises(IncompatibleCheckpoint, match="format 2"):
+                Manifest.from_dict({**raw, "format": 2})
         finally:
             await rt.remove_checkpoint(ck.id)
 

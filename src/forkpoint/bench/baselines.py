@@ -20,11 +20,11 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.images import Image
+from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.vm import (
     BootFiles,
     Machine,
@@ -36,19 +36,10 @@ from forkpoint.vm import (
 )
 from forkpoint.vm.process import kill_and_wait, pids_with_arg
 
-__all__ = ["Baselines", "CheckpointFiles"]
+__all__ = ["Baselines"]
 
 _COLD_BOOT_TIMEOUT_S = 120.0
 _RESTORE_AGENT_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class CheckpointFiles:
-    """The files of a forkpoint checkpoint a baseline starts from."""
-
-    ram: Path
-    state: Path
-    disk: Path  # its frozen disk layer (only ever used as a backing file)
 
 
 class Baselines:
@@ -155,10 +146,11 @@ class Baselines:
         return samples
 
     async def full_ram(
-        self, checkpoint: CheckpointFiles, reps: int
+        self, checkpoint: CheckpointFiles, disk_layer: Path, reps: int
     ) -> tuple[list[float], list[float]]:
         """``(checkpoint samples, restore samples)`` of the naive full-RAM design.
 
+        ``disk_layer`` is the checkpoint's frozen disk layer (only used as a backing file).
         The guest state of ``checkpoint`` (e.g. a running web server) is restored into a
         VM whose RAM is private memory. Then, ``reps`` times: save it through migration
         (all of RAM goes into the state file), kill it, and restore that file into a
@@ -168,7 +160,7 @@ class Baselines:
         """
         files = self._files()
         disk = files.dir / "disk.qcow2"
-        await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
+        await asyncio.to_thread(create_overlay, disk_layer, disk)
         machine, _ = await self._start(files, disk, ram=checkpoint.ram, state=checkpoint.state)
         saves: list[float] = []
         restores: list[float] = []
@@ -183,7 +175,7 @@ class Baselines:
                 self._discard(files)
                 files = self._files()
                 disk = files.dir / "disk.qcow2"
-                await asyncio.to_thread(create_overlay, checkpoint.disk, disk)
+                await asyncio.to_thread(create_overlay, disk_layer, disk)
                 machine, began = await self._start(files, disk, state=state)
                 # Until the VM runs: the same end point as forkpoint's operations.
                 restores.append((time.perf_counter() - began) * 1000)

@@ -25,10 +25,9 @@ from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import get_image
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.manifest import RAM, STATE
 from forkpoint.vm import BootFiles, MachineShape, detect_accel, guest_cmdline, host_tsc_khz
 
-from .baselines import Baselines, CheckpointFiles
+from .baselines import Baselines
 from .report import build_result
 from .stats import Summary, summarize
 
@@ -121,7 +120,7 @@ class Suite:
 
     async def _run(self, started: float) -> dict[str, Any]:
         plan = self.plan
-        image = get_image()
+        image = get_image(images=self.runtime.home.images)
         accel = detect_accel(self.runtime.build, self.runtime.home.cache, image.kernel)
         shape = MachineShape.for_build(self.runtime.build, accel, MEMORY_MIB, 1)
         boot = BootFiles(image.kernel, image.initrd, guest_cmdline(accel, host_tsc_khz()))
@@ -305,13 +304,9 @@ class Suite:
         self._scratch.mkdir(parents=True, exist_ok=True)
         runner = Baselines(self.runtime.build, shape, boot, image, self._scratch, self.log)
         self._baseline_runner = runner
-        ck_dir = self.runtime.home.checkpoints / checkpoint_id
+        files = self.runtime.checkpoint_files(checkpoint_id)
         record = self.runtime.store.get_checkpoint(checkpoint_id)
-        files = CheckpointFiles(
-            ram=ck_dir / RAM,
-            state=ck_dir / STATE,
-            disk=self.runtime.home.layers / record.disk_layer,
-        )
+        disk_layer = self.runtime.home.layers / record.disk_layer
         out: dict[str, Summary] = {}
 
         def done(name: str, samples: list[float]) -> None:
@@ -322,7 +317,7 @@ class Suite:
             )
 
         done("cold_boot_create", await runner.cold_boot_create(plan.cold_boot_reps))
-        saves, restores = await runner.full_ram(files, plan.baseline_reps)
+        saves, restores = await runner.full_ram(files, disk_layer, plan.baseline_reps)
         self.log(f"full-RAM state file: {runner.full_ram_state_bytes / (1 << 20):.0f} MiB")
         done("full_ram_checkpoint", saves)
         done("full_ram_restore", restores)

@@ -11,20 +11,31 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
-from forkpoint.vm import BootFiles, Machine, MachineShape, VmFiles, qemu_build
+from forkpoint.images import Image
+from forkpoint.models import Network
+from forkpoint.vm import (
+    BootFiles,
+    Machine,
+    MachineShape,
+    VmFiles,
+    guest_cmdline,
+    host_tsc_khz,
+    qemu_build,
+)
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.net import start_passt, stop_passt
 
-from .manifest import RAM, STATE
+from .manifest import CheckpointFiles
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
+    "RestoreSpec",
     "ResumeTogether",
     "Started",
+    "boot_files",
     "identity_token",
     "new_layer_name",
     "start_restored",
@@ -77,6 +88,30 @@ def new_layer_name() -> str:
     return f"{uuid.uuid4().hex[:16]}.qcow2"
 
 
+def boot_files(image: Image, shape: MachineShape) -> BootFiles:
+    """The image's kernel and initramfs with the command line for this machine."""
+    return BootFiles(image.kernel, image.initrd, guest_cmdline(shape.accel, host_tsc_khz()))
+
+
+@dataclass(frozen=True)
+class RestoreSpec:
+    """What :func:`start_restored` makes: which checkpoint becomes which VM.
+
+    ``forwards`` are ``(host_port, guest_port)`` pairs; ``token`` names this restore (see
+    :func:`identity_token`) and ``hostname`` is the guest's new one.
+    """
+
+    files: VmFiles
+    checkpoint: CheckpointFiles
+    checkpoint_layer: str
+    shape: MachineShape
+    boot: BootFiles
+    network: Network
+    forwards: tuple[tuple[int, int], ...]
+    hostname: str
+    token: str
+
+
 @dataclass(frozen=True)
 class Started:
     """A restored VM: its QEMU, its network helper pid and its fresh top disk layer."""
@@ -85,56 +120,54 @@ class Started:
     passt_pid: int | None
     disk_layer: str
 
+    @property
+    def aux_pids(self) -> list[int]:
+        return [self.passt_pid] if self.passt_pid else []
+
 
 async def start_restored(
-    home: Home,
-    files: VmFiles,
-    checkpoint_dir: Path,
-    checkpoint_layer: str,
-    shape: MachineShape,
-    boot: BootFiles,
-    forwards: list[tuple[int, int]],
-    network: bool,
-    hostname: str,
-    token: str,
-    loaded: Callable[[], Awaitable[None]] | None = None,
+    home: Home, spec: RestoreSpec, loaded: Callable[[], Awaitable[None]] | None = None
 ) -> Started:
-    """Restore the checkpoint in ``checkpoint_dir`` as a running VM with these identities.
+    """Restore ``spec.checkpoint`` as a running VM with the identity ``spec`` gives it.
 
     The VM gets a new top layer on the checkpoint's frozen one and maps the checkpoint's
     RAM file copy-on-write (nothing is copied). On return the VM runs and its new
-    identity (clock, RNG seed, hostname; ``token`` names it) sits in the guest agent's
-    receive buffer: the guest applies it as soon as it gets to run, and every later
-    agent connection makes sure it has (see :func:`~forkpoint.agent_client.post_identity`).
+    identity (clock, RNG seed, hostname) sits in the guest agent's receive buffer: the
+    guest applies it as soon as it gets to run, and every later agent connection makes
+    sure it has (see :func:`~forkpoint.agent_client.post_identity`).
     ``loaded`` is awaited between loading the VM and letting it run.
     """
+    files = spec.files
     files.ensure()
     layer = new_layer_name()
-    await asyncio.to_thread(overlay_from_blank, home.layers / checkpoint_layer, home.layers / layer)
+    await asyncio.to_thread(
+        overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
+    )
+    network = spec.network == Network.USER
     machine: Machine | None = None
     passt_pid = None
     try:
         machine = await Machine.launch(
-            qemu_build(), shape, boot, files, home.layers / layer, ram=checkpoint_dir / RAM,
-            network=network, incoming=True,
+            qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
+            ram=spec.checkpoint.ram, network=network, incoming=True,
         )  # fmt: skip
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
                 nonlocal passt_pid
-                passt_pid = await asyncio.to_thread(start_passt, files, forwards)
+                passt_pid = await asyncio.to_thread(start_passt, files, list(spec.forwards))
 
             await machine.attach_network(connect)
-        await machine.restore(checkpoint_dir / STATE, run=False)
+        await machine.restore(spec.checkpoint.state, run=False)
         if loaded is not None:
             await loaded()
         await machine.run()
-        await post_identity(files.agent_socket, fresh_identity(token, hostname))
+        await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if machine is not None:
             await machine.kill()
-        stop_passt(files, passt_pid)
+        await asyncio.to_thread(stop_passt, files, passt_pid)
         (home.layers / layer).unlink(missing_ok=True)
         raise
     return Started(machine, passt_pid, layer)

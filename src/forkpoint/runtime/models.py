@@ -5,6 +5,8 @@ from __future__ import annotations
 from forkpoint.models import Checkpoint, Port, Session
 from forkpoint.store import CheckpointRecord, SessionRecord
 
+from .manifest import Manifest
+
 __all__ = ["checkpoint_of", "session_of"]
 
 
@@ -24,7 +26,7 @@ def session_of(record: SessionRecord) -> Session:
 
 
 def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
-    manifest = record.manifest
+    manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
     return Checkpoint(
         id=record.id,
         session_id=record.session_id,
@@ -34,7 +36,7 @@ def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
         parent_checkpoint=record.parent_checkpoint,
         image=record.image,
         size_bytes=record.size_bytes,
-        duration_ms=round(float(manifest.get("duration_ms", 0.0)), 1),
-        pause_ms=round(float(manifest.get("pause_ms", 0.0)), 1),
-        guest_ports=tuple(int(p) for p in manifest.get("ports", [])),
+        duration_ms=round(manifest.duration_ms, 1),
+        pause_ms=round(manifest.stats.pause_ms, 1),
+        guest_ports=manifest.ports,
     )

@@ -1,9 +1,14 @@
 """The runtime: sessions, checkpoints, forks, rollback, ports and garbage collection.
 
-The only module that combines the VM engine, the agent client, images and the store.
-The store is the truth; every operation on a session holds that session's inter-process
-lock, so two CLIs and a server can work side by side. QEMU processes outlive the process
-that started them and are re-adopted through the pid kept in the store.
+The only module that combines the VM engine, the agent client, images and the store;
+:class:`Runtime` is its one façade, and each of its parts lives in a module of its own
+(see ``docs/architecture.md``). The store is the truth; every operation that changes a
+session holds that session's inter-process lock, so two CLIs and a server can work side
+by side. QEMU processes outlive the process that started them and are re-adopted through
+the pid kept in the store.
+
+The query methods (``get``, ``list_*``, ``gc``) block (SQLite, /proc): async callers run
+them with ``asyncio.to_thread``. The ``async`` methods never block the event loop.
 """
 
 from __future__ import annotations
@@ -11,12 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import shutil
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -38,43 +39,39 @@ from forkpoint.models import (
     SessionState,
 )
 from forkpoint.store import (
+    KEEP,
     CheckpointRecord,
+    Keep,
     SessionRecord,
     Store,
-    global_lock,
     global_lock_async,
-    new_checkpoint_id,
     session_lock_async,
     validate_name,
 )
-from forkpoint.vm import (
-    BootFiles,
-    Machine,
-    MachineShape,
-    QemuBuild,
-    VmFiles,
-    detect_accel,
-    guest_cmdline,
-    host_tsc_khz,
-    qemu_build,
-)
-from forkpoint.vm.disk import blank_overlay_of, create_overlay
-from forkpoint.vm.net import passt_log, start_passt, stop_passt
-from forkpoint.vm.process import is_running, kill_and_wait, pids_with_arg
+from forkpoint.vm import Machine, MachineShape, QemuBuild, VmFiles, detect_accel, qemu_build
+from forkpoint.vm.process import is_running
 
+from .agents import AgentPool
+from .checkpoints import Checkpointer, CheckpointOrigin
+from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .lineage import lineage, rollback_target
 from .machines import (
     AGENT_READY_TIMEOUT_S,
+    RestoreSpec,
     ResumeTogether,
+    Started,
+    boot_files,
     identity_token,
-    new_layer_name,
     start_restored,
 )
-from .manifest import RAM, STATE, check_compatible, read_manifest, write_manifest
+from .manifest import CheckpointFiles, Manifest
 from .models import checkpoint_of, session_of
+from .ports import HostPorts
+from .templates import Templates
 
 __all__ = ["Runtime"]
 
-_TEMPLATE_BOOT_TIMEOUT_S = 180.0
+_AGENT_LOCK_TIMEOUT_S = 600.0  # another process's connection may serve a long exec
 
 
 class Runtime:
@@ -84,8 +81,14 @@ class Runtime:
     def __init__(self, home_: Home, store: Store) -> None:
         self.home = home_
         self.store = store
-        # Forks in this process queue here instead of polling the inter-process lock.
-        self._ports_lock = asyncio.Lock()
+        self._checkpoints = Checkpointer(self.home, store)
+        self._templates = Templates(self.home, store, self._checkpoints)
+        self._ports = HostPorts(self.home, store)
+        self._agents = AgentPool(
+            lambda session_id: global_lock_async(
+                self.home, f"agent-{session_id}", timeout_s=_AGENT_LOCK_TIMEOUT_S
+            )
+        )
 
     @functools.cached_property
     def build(self) -> QemuBuild:
@@ -106,25 +109,44 @@ class Runtime:
     def files(self, session_id: str) -> VmFiles:
         return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
 
-    def _shape(self, image: Image, memory_mib: int, cpus: int) -> MachineShape:
-        accel = detect_accel(self.build, self.home.cache, image.kernel)
-        return MachineShape.for_build(self.build, accel, memory_mib, cpus)
+    def checkpoint_files(self, checkpoint_id: str) -> CheckpointFiles:
+        """Where a checkpoint's RAM, device state and manifest are."""
+        return self._checkpoints.files(checkpoint_id)
 
-    def _boot(self, image: Image, shape: MachineShape) -> BootFiles:
-        return BootFiles(image.kernel, image.initrd, guest_cmdline(shape.accel, host_tsc_khz()))
+    def _machine(self, image: str, memory_mib: int, cpus: int) -> tuple[Image, MachineShape]:
+        """The image and the machine shape to run it on (blocking: may probe KVM)."""
+        found = get_image(image, self.home.images)
+        accel = detect_accel(self.build, self.home.cache, found.kernel)
+        return found, MachineShape.for_build(self.build, accel, memory_mib, cpus)
 
-    def _checkpoint_dir(self, checkpoint_id: str) -> Path:
-        return self.home.checkpoints / checkpoint_id
+    def _manifest(self, checkpoint_id: str, shape: MachineShape) -> Manifest:
+        """The checkpoint's manifest, checked to restore on ``shape``.
+
+        :raises IncompatibleCheckpoint:
+        """
+        manifest = Manifest.load(self.checkpoint_files(checkpoint_id))
+        manifest.check_compatible(shape)
+        return manifest
 
     def _refresh(self, record: SessionRecord) -> SessionRecord:
         """Notice a QEMU that died behind our back: the session becomes ``crashed``."""
         files = self.files(record.id)
         if record.state == SessionState.RUNNING and not is_running(record.qemu_pid, files.name):
-            self._kill_processes(record)  # its passt has nothing left to serve
+            kill_session_processes(files, record)  # its passt has nothing left to serve
             return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
         return record
 
-    # -- queries -----------------------------------------------------------------------
+    def _require_running(self, session: str) -> SessionRecord:
+        record = self._refresh(self.store.get_session(session))
+        if record.state != SessionState.RUNNING:
+            hint = "; roll it back: forkpoint rollback " + record.id
+            raise Conflict(
+                f"session {record.id} is {record.state}"
+                + (hint if record.state == SessionState.CRASHED else "")
+            )
+        return record
+
+    # -- queries (blocking) ------------------------------------------------------------
 
     def get(self, session: str) -> Session:
         """The session with this id or name. :raises NotFound:"""
@@ -140,6 +162,18 @@ class Runtime:
         session_id = self.store.get_session(session).id if session else None
         records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
         return [checkpoint_of(r) for r in records]
+
+    def lineage(self, record: SessionRecord) -> list[str]:
+        """Checkpoints a session may roll back to: its own, and those it descends from."""
+        return lineage(self.store, record)
+
+    def gc(self) -> list[str]:
+        """Delete disk layers nothing depends on any more; returns their names.
+
+        Opportunistic: skipped while another process builds an image template (its base
+        layer has no referrer until the template checkpoint exists).
+        """
+        return collect_layers(self.home, self.store)
 
     # -- create ------------------------------------------------------------------------
 
@@ -163,11 +197,12 @@ class Runtime:
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
             ports=tuple(ports), network=network,
         )  # fmt: skip
-        img = get_image(request.image)
-        shape = self._shape(img, request.memory_mib, request.cpus)
-        template = await self._template(img, shape)
+        img, shape = await asyncio.to_thread(
+            self._machine, request.image, request.memory_mib, request.cpus
+        )
+        template = await self._templates.get(img, shape)
         return await self._start_session(
-            template, img, shape, name=request.name, guest_ports=list(request.ports),
+            template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network,
         )  # fmt: skip
 
@@ -178,52 +213,9 @@ class Runtime:
         measurement.
         """
         started = time.perf_counter()
-        img = get_image(image)
-        await self._template(img, self._shape(img, memory_mib, cpus))
+        img, shape = await asyncio.to_thread(self._machine, image, memory_mib, cpus)
+        await self._templates.get(img, shape)
         return (time.perf_counter() - started) * 1000
-
-    async def _template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
-        """The checkpoint of ``image`` booted to agent-ready for this machine shape."""
-        existing = self.store.get_template(image.hash, shape.key)
-        if existing and (self._checkpoint_dir(existing) / STATE).exists():
-            return self.store.get_checkpoint(existing)
-        async with global_lock_async(self.home, f"template-{image.hash}", timeout_s=300):
-            existing = self.store.get_template(image.hash, shape.key)
-            if existing and (self._checkpoint_dir(existing) / STATE).exists():
-                return self.store.get_checkpoint(existing)
-            async with global_lock_async(self.home, "gc", timeout_s=300):
-                return await self._boot_template(image, shape)
-
-    async def _boot_template(self, image: Image, shape: MachineShape) -> CheckpointRecord:
-        directory = self.home.sessions / f"template-{image.hash}-{shape.key}"
-        files = VmFiles(directory, f"forkpoint-{directory.name}")
-        shutil.rmtree(files.dir, ignore_errors=True)
-        files.ensure()
-        base = new_layer_name()
-        await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
-        self.store.insert_layer(base)
-        machine = await Machine.start(
-            self.build, shape, self._boot(image, shape), files, self.home.layers / base
-        )
-        try:
-            agent = await AgentClient.connect(files.agent_socket, timeout=_TEMPLATE_BOOT_TIMEOUT_S)
-            async with agent:
-                await agent.hello()
-            record = await self._write_checkpoint(
-                machine, files.boot_ram, base, session_id=f"template-{image.hash}",
-                name=None, kind=CheckpointKind.TEMPLATE, image=image, shape=shape,
-                parent=None, guest_ports=[],
-            )  # fmt: skip
-            self.store.set_template(image.hash, shape.key, record.id)
-            return record
-        except ForkpointError as error:
-            raise InternalError(
-                f"booting image {image.name} to build its template failed: {error.message}",
-                log_tail=files.log_tail(),
-            ) from None
-        finally:
-            await machine.kill()
-            shutil.rmtree(files.dir, ignore_errors=True)
 
     async def _start_session(
         self,
@@ -232,92 +224,78 @@ class Runtime:
         shape: MachineShape,
         *,
         name: str | None,
-        guest_ports: list[int],
+        guest_ports: Sequence[int],
         network: Network,
         loaded: Callable[[], Awaitable[None]] | None = None,
     ) -> Session:
-        manifest = read_manifest(self._checkpoint_dir(checkpoint.id))
-        check_compatible(checkpoint.id, manifest, shape)
+        await asyncio.to_thread(self._manifest, checkpoint.id, shape)
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
-        record = self.store.insert_session(
+        record = await asyncio.to_thread(
+            self.store.insert_session,
             SessionRecord.new(
                 image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
                 parent_checkpoint=checkpoint.id,
-            )
+            ),
         )  # fmt: skip
-        files = self.files(record.id)
         try:
             async with session_lock_async(self.home, record.id):
-                forwards = [(await self._allocate_host_port(record.id, g), g) for g in guest_ports]
-                started = await start_restored(
-                    self.home, files, self._checkpoint_dir(checkpoint.id), checkpoint.disk_layer,
-                    shape, self._boot(image, shape), forwards,
-                    network == Network.USER, name or record.id, identity_token(record.id, 0),
-                    loaded,
+                forwards = [(await self._ports.allocate(record.id, g), g) for g in guest_ports]
+                spec = RestoreSpec(
+                    files=self.files(record.id),
+                    checkpoint=self.checkpoint_files(checkpoint.id),
+                    checkpoint_layer=checkpoint.disk_layer, shape=shape,
+                    boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
+                    hostname=name or record.id, token=identity_token(record.id, 0),
                 )  # fmt: skip
-                with self.store.transaction():
-                    self.store.insert_layer(started.disk_layer, backing=checkpoint.disk_layer)
-                    record = self.store.update_session(
-                        record.id, state=SessionState.RUNNING, disk_layer=started.disk_layer,
-                        qemu_pid=started.machine.pid,
-                        aux_pids=[started.passt_pid] if started.passt_pid else [],
-                    )  # fmt: skip
+                started = await start_restored(self.home, spec, loaded)
+                record = await asyncio.to_thread(
+                    self._record_running, record.id, started, checkpoint.disk_layer
+                )
                 await started.machine.close()
         except BaseException:
             await self._destroy(record)
             raise
         return session_of(record)
 
+    def _record_running(
+        self,
+        session_id: str,
+        started: Started,
+        backing: str,
+        *,
+        generation: int | Keep = KEEP,
+        parent_checkpoint: str | Keep = KEEP,
+    ) -> SessionRecord:
+        """Record the session's restored VM: its new top layer and pids (and, after a
+        rollback, its generation and checkpoint)."""
+        with self.store.transaction():
+            self.store.insert_layer(started.disk_layer, backing=backing)
+            return self.store.update_session(
+                session_id, state=SessionState.RUNNING, disk_layer=started.disk_layer,
+                qemu_pid=started.machine.pid, aux_pids=started.aux_pids, generation=generation,
+                parent_checkpoint=parent_checkpoint,
+            )  # fmt: skip
+
     # -- delete ------------------------------------------------------------------------
 
     async def remove(self, session: str) -> None:
         """Kill the session's VM and delete its files. :raises NotFound:"""
-        record = self.store.get_session(session)
+        record = await asyncio.to_thread(self.store.get_session, session)
         async with session_lock_async(self.home, record.id):
-            await self._destroy(self.store.get_session(record.id))
+            await self._destroy(await asyncio.to_thread(self.store.get_session, record.id))
 
     async def _destroy(self, record: SessionRecord) -> None:
+        await asyncio.to_thread(self._destroy_now, record)
+
+    def _destroy_now(self, record: SessionRecord) -> None:
         files = self.files(record.id)
-        await asyncio.to_thread(self._kill_processes, record)
+        kill_session_processes(files, record)
         with contextlib.suppress(NotFound):
             self.store.delete_session(record.id)
-        shutil.rmtree(files.dir, ignore_errors=True)
-        shutil.rmtree(files.sock_dir, ignore_errors=True)
+        remove_session_files(files)
         self.gc()
-
-    def _kill_processes(self, record: SessionRecord) -> None:
-        files = self.files(record.id)
-        kill_and_wait(record.qemu_pid, files.name)
-        for pid in record.aux_pids:
-            stop_passt(files, pid)
-        # Also those never recorded: a forkpoint process killed while restoring the VM.
-        ours = {files.name, str(passt_log(files))}
-        for pid, arg in pids_with_arg(ours.__contains__):
-            kill_and_wait(pid, arg)
-
-    def gc(self) -> list[str]:
-        """Delete disk layers nothing depends on any more; returns their names.
-
-        Opportunistic: skipped while another process builds an image template (its base
-        layer has no referrer until the template checkpoint exists).
-        """
-        removed: list[str] = []
-        try:
-            with global_lock(self.home, "gc", timeout_s=0):
-                while names := [n for n in self.store.unreferenced_layers() if n not in removed]:
-                    for name in names:
-                        try:
-                            self.store.delete_layer(name)
-                        except ForkpointError:
-                            continue
-                        (self.home.layers / name).unlink(missing_ok=True)
-                        blank_overlay_of(self.home.layers / name).unlink(missing_ok=True)
-                        removed.append(name)
-        except Conflict:
-            pass  # busy: the next gc collects
-        return removed
 
     # -- checkpoint --------------------------------------------------------------------
 
@@ -327,90 +305,30 @@ class Runtime:
         :raises Conflict: the session is not running; :raises QemuError: QEMU failed (the
             session keeps running and no checkpoint is recorded).
         """
-        record = self.store.get_session(session)
+        record = await asyncio.to_thread(self.store.get_session, session)
         validate_name(name, "checkpoint")
-        if name is not None and self._checkpoint_named(name):
+        if name is not None and await asyncio.to_thread(self._checkpoint_named, name):
             raise Conflict(f"checkpoint name {name!r} is already taken")
         async with session_lock_async(self.home, record.id):
-            record = self._require_running(self.store.get_session(record.id))
-            image = get_image(record.image_hash)
-            shape = self._shape(image, record.memory_mib, record.cpus)
-            files = self.files(record.id)
-            machine = await Machine.adopt(files, record.qemu_pid or 0)
+            record = await asyncio.to_thread(self._require_running, record.id)
+            image, shape = await asyncio.to_thread(
+                self._machine, record.image_hash, record.memory_mib, record.cpus
+            )
+            machine = await Machine.adopt(self.files(record.id), record.qemu_pid or 0)
             try:
                 await machine.resume_if_paused()
                 layer = await self._sync_disk_layer(machine, record)
-                created = await self._write_checkpoint(
-                    machine, self._ram_base(record), layer,
+                origin = CheckpointOrigin(
                     session_id=record.id, name=name, kind=CheckpointKind.USER, image=image,
                     shape=shape, parent=record.parent_checkpoint,
-                    guest_ports=[p.guest_port for p in record.ports],
+                    guest_ports=tuple(p.guest_port for p in record.ports),
                 )  # fmt: skip
+                created = await self._checkpoints.write(
+                    machine, self._ram_base(record), layer, origin
+                )
             finally:
                 await machine.close()
             return checkpoint_of(created)
-
-    async def _write_checkpoint(
-        self,
-        machine: Machine,
-        ram_base: Path,
-        layer: str,
-        *,
-        session_id: str,
-        name: str | None,
-        kind: CheckpointKind,
-        image: Image,
-        shape: MachineShape,
-        parent: str | None,
-        guest_ports: list[int],
-    ) -> CheckpointRecord:
-        started = time.perf_counter()
-        checkpoint_id = new_checkpoint_id()
-        tmp = self.home.checkpoints / f".tmp-{checkpoint_id}"
-        tmp.mkdir()
-        new_top = new_layer_name()
-        try:
-            try:
-                stats = await machine.checkpoint(
-                    self.home.layers / new_top, tmp / STATE, ram_base, tmp / RAM
-                )
-            finally:
-                # Whatever happened, record the layer the VM now writes to.
-                if (self.home.layers / new_top).exists():
-                    with self.store.transaction():
-                        self.store.insert_layer(new_top, backing=layer)
-                        if kind == CheckpointKind.USER:
-                            self.store.update_session(session_id, disk_layer=new_top)
-            duration_ms = (time.perf_counter() - started) * 1000
-            manifest = {
-                "id": checkpoint_id, "session_id": session_id, "name": name, "kind": str(kind),
-                "machine": shape.to_dict(), "qemu_version": self.build.version,
-                "image": image.name, "image_hash": image.hash, "disk_layer": layer,
-                "parent_checkpoint": parent, "ports": guest_ports,
-                "ram_bytes": stats.ram_bytes, "state_bytes": stats.state_bytes,
-                "written_bytes": stats.written_bytes, "pause_ms": stats.pause_ms,
-                "base_copy_ms": stats.base_copy_ms, "device_state_ms": stats.device_state_ms,
-                "written_ms": stats.written_ms, "duration_ms": duration_ms,
-            }  # fmt: skip
-            write_manifest(tmp, manifest)
-            _fsync_dir(tmp)
-            final = self._checkpoint_dir(checkpoint_id)
-            os.rename(tmp, final)  # atomic: a checkpoint is all there or not at all
-            _fsync_dir(self.home.checkpoints)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        record = CheckpointRecord.new(
-            session_id=session_id, disk_layer=layer, image=image.name, image_hash=image.hash,
-            manifest=read_manifest(final), size_bytes=stats.ram_bytes + stats.state_bytes,
-            name=name, kind=kind, parent_checkpoint=parent,
-        )  # fmt: skip
-        record = replace(record, id=checkpoint_id)
-        try:
-            return self.store.insert_checkpoint(record)
-        except BaseException:
-            shutil.rmtree(final, ignore_errors=True)
-            raise
 
     async def _sync_disk_layer(self, machine: Machine, record: SessionRecord) -> str:
         """The layer the VM really writes to. A forkpoint process killed between QEMU's
@@ -418,17 +336,20 @@ class Runtime:
         recorded yet (stacked on the recorded one): adopt it."""
         active = (await machine.active_disk()).name
         if active != record.disk_layer:
-            with self.store.transaction():
-                self.store.insert_layer(active, backing=record.disk_layer)
-                self.store.update_session(record.id, disk_layer=active)
+            await asyncio.to_thread(self._adopt_layer, record, active)
         return active
+
+    def _adopt_layer(self, record: SessionRecord, active: str) -> None:
+        with self.store.transaction():
+            self.store.insert_layer(active, backing=record.disk_layer)
+            self.store.update_session(record.id, disk_layer=active)
 
     def _ram_base(self, record: SessionRecord) -> Path:
         """The RAM file the session's VM maps: that of the checkpoint it was restored from
         (which therefore cannot be deleted while the session lives)."""
         if record.parent_checkpoint is None:
             raise InternalError(f"session {record.id} has no checkpoint to map its RAM from")
-        return self._checkpoint_dir(record.parent_checkpoint) / RAM
+        return self.checkpoint_files(record.parent_checkpoint).ram
 
     def _checkpoint_named(self, name: str) -> bool:
         try:
@@ -439,9 +360,10 @@ class Runtime:
 
     async def remove_checkpoint(self, checkpoint: str) -> None:
         """Delete a checkpoint. :raises InUse: sessions or checkpoints depend on it."""
-        record = self.store.get_checkpoint(checkpoint)
-        self.store.delete_checkpoint(record.id)
-        shutil.rmtree(self._checkpoint_dir(record.id), ignore_errors=True)
+        await asyncio.to_thread(self._remove_checkpoint_now, checkpoint)
+
+    def _remove_checkpoint_now(self, checkpoint: str) -> None:
+        self._checkpoints.delete(checkpoint)
         self.gc()
 
     # -- fork & rollback ---------------------------------------------------------------
@@ -455,20 +377,19 @@ class Runtime:
         from forkpoint.requests import ForkRequest, parse
 
         parse(ForkRequest, count=count)
-        record = self.store.get_checkpoint(checkpoint)
-        source = self._source_session(record)
-        image = get_image(record.image_hash)
-        memory, cpus = _shape_of(record)
-        shape = self._shape(image, memory, cpus)
-        check_compatible(record.id, read_manifest(self._checkpoint_dir(record.id)), shape)
-        network = Network(source.network) if source else Network.USER
-        guest_ports = [int(p) for p in record.manifest.get("ports", [])]
+        record, source = await asyncio.to_thread(self._fork_source, checkpoint)
+        manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
+        image, shape = await asyncio.to_thread(
+            self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
+        )
+        await asyncio.to_thread(self._manifest, record.id, shape)
+        network = source.network if source else Network.USER
         together = ResumeTogether(count)
 
         async def one_fork() -> Session:
             async with together.member() as loaded:
                 return await self._start_session(
-                    record, image, shape, name=None, guest_ports=guest_ports,
+                    record, image, shape, name=None, guest_ports=manifest.ports,
                     network=network, loaded=loaded,
                 )  # fmt: skip
 
@@ -484,24 +405,13 @@ class Runtime:
                 raise result
         return out
 
-    def _source_session(self, record: CheckpointRecord) -> SessionRecord | None:
+    def _fork_source(self, checkpoint: str) -> tuple[CheckpointRecord, SessionRecord | None]:
+        """The checkpoint, and the session it was taken of if that still exists."""
+        record = self.store.get_checkpoint(checkpoint)
         try:
-            return self.store.get_session(record.session_id)
+            return record, self.store.get_session(record.session_id)
         except NotFound:
-            return None
-
-    def lineage(self, record: SessionRecord) -> list[str]:
-        """Checkpoints a session may roll back to: its own, and those it descends from."""
-        own = [c.id for c in self.store.list_checkpoints(session_id=record.id)]
-        ancestors: list[str] = []
-        current = record.parent_checkpoint
-        while current and current not in ancestors:
-            ancestors.append(current)
-            try:
-                current = self.store.get_checkpoint(current).parent_checkpoint
-            except NotFound:
-                break
-        return own + ancestors
+            return record, None
 
     async def rollback(self, session: str, checkpoint: str | None = None) -> Session:
         """Reset a session — same id, same host ports — to a checkpoint of its lineage
@@ -510,49 +420,40 @@ class Runtime:
 
         :raises Conflict: the checkpoint is not in the session's lineage.
         """
-        record = self.store.get_session(session)
+        record = await asyncio.to_thread(self.store.get_session, session)
         async with session_lock_async(self.home, record.id):
-            record = self.store.get_session(record.id)
-            if checkpoint is None:
-                own = self.store.list_checkpoints(session_id=record.id)
-                latest = own[-1].id if own else record.parent_checkpoint
-                if latest is None:
-                    raise Conflict(f"session {record.id} has no checkpoint to roll back to")
-                target = self.store.get_checkpoint(latest)
-            else:
-                target = self.store.get_checkpoint(checkpoint)
-                if target.id not in self.lineage(record):
-                    raise Conflict(
-                        f"checkpoint {target.id} is not in the lineage of session {record.id}; "
-                        f"use `forkpoint fork {target.id}` to start a new session from it"
-                    )
-            image = get_image(target.image_hash)
-            shape = self._shape(image, record.memory_mib, record.cpus)
-            check_compatible(target.id, read_manifest(self._checkpoint_dir(target.id)), shape)
-            await asyncio.to_thread(self._kill_processes, record)
+            record = await asyncio.to_thread(self.store.get_session, record.id)
+            target = await asyncio.to_thread(rollback_target, self.store, record, checkpoint)
+            image, shape = await asyncio.to_thread(
+                self._machine, target.image_hash, record.memory_mib, record.cpus
+            )
+            await asyncio.to_thread(self._manifest, target.id, shape)
             files = self.files(record.id)
+            await asyncio.to_thread(kill_session_processes, files, record)
             generation = record.generation + 1
+            spec = RestoreSpec(
+                files=files, checkpoint=self.checkpoint_files(target.id),
+                checkpoint_layer=target.disk_layer, shape=shape, boot=boot_files(image, shape),
+                network=record.network,
+                forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
+                hostname=record.name or record.id, token=identity_token(record.id, generation),
+            )  # fmt: skip
             try:
-                started = await start_restored(
-                    self.home, files, self._checkpoint_dir(target.id), target.disk_layer, shape,
-                    self._boot(image, shape),
-                    [(p.host_port, p.guest_port) for p in record.ports],
-                    record.network == Network.USER, record.name or record.id,
-                    identity_token(record.id, generation),
-                )  # fmt: skip
+                started = await start_restored(self.home, spec)
             except ForkpointError:
-                self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+                await asyncio.to_thread(
+                    self.store.update_session,
+                    record.id,
+                    state=SessionState.CRASHED,
+                    qemu_pid=None,
+                )
                 raise
-            with self.store.transaction():
-                self.store.insert_layer(started.disk_layer, backing=target.disk_layer)
-                record = self.store.update_session(
-                    record.id, state=SessionState.RUNNING, disk_layer=started.disk_layer,
-                    qemu_pid=started.machine.pid, generation=generation,
-                    parent_checkpoint=target.id,
-                    aux_pids=[started.passt_pid] if started.passt_pid else [],
-                )  # fmt: skip
+            record = await asyncio.to_thread(
+                self._record_running, record.id, started, target.disk_layer,
+                generation=generation, parent_checkpoint=target.id,
+            )  # fmt: skip
             await started.machine.close()
-        self.gc()
+        await asyncio.to_thread(self.gc)
         return session_of(record)
 
     # -- ports -------------------------------------------------------------------------
@@ -562,52 +463,32 @@ class Runtime:
         from forkpoint.requests import PortRequest, parse
 
         parse(PortRequest, guest_port=guest_port)
-        record = self.store.get_session(session)
+        record = await asyncio.to_thread(self.store.get_session, session)
         existing = record.port_for(guest_port)
         if existing:
             return Port(guest_port=existing.guest_port, host_port=existing.host_port)
         async with session_lock_async(self.home, record.id):
-            record = self._require_running(self.store.get_session(record.id))
+            record = await asyncio.to_thread(self._require_running, record.id)
             if record.network != Network.USER:
                 raise Conflict(f"session {record.id} has no network (--network none)")
-            host_port = await self._allocate_host_port(record.id, guest_port)
-            record = self.store.get_session(record.id)
-            files = self.files(record.id)
-            for pid in record.aux_pids:
-                await asyncio.to_thread(stop_passt, files, pid)
-            forwards = [(p.host_port, p.guest_port) for p in record.ports]
-            pid = await asyncio.to_thread(start_passt, files, forwards)
-            self.store.update_session(record.id, aux_pids=[pid])
+            host_port = await self._ports.allocate(record.id, guest_port)
+            await asyncio.to_thread(self._ports.restart_network, self.files(record.id), record.id)
             return Port(guest_port=guest_port, host_port=host_port)
-
-    async def _allocate_host_port(self, session_id: str, guest_port: int) -> int:
-        async with self._ports_lock, global_lock_async(self.home, "ports"):
-            taken = self.store.allocated_host_ports()
-            for _ in range(100):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", 0))
-                    port = int(probe.getsockname()[1])
-                if port not in taken:
-                    self.store.add_port(session_id, guest_port, port)
-                    return port
-        raise InternalError("no free host port found on 127.0.0.1")
 
     # -- guest access ------------------------------------------------------------------
 
-    def _require_running(self, record: SessionRecord) -> SessionRecord:
-        record = self._refresh(record)
-        if record.state != SessionState.RUNNING:
-            hint = "; roll it back: forkpoint rollback " + record.id
-            raise Conflict(
-                f"session {record.id} is {record.state}"
-                + (hint if record.state == SessionState.CRASHED else "")
-            )
-        return record
-
     @contextlib.asynccontextmanager
     async def agent(self, session: str) -> AsyncIterator[AgentClient]:
-        """A connected agent client for a running session (one at a time per session)."""
-        record = self._require_running(self.store.get_session(session))
+        """The agent client of a running session. Concurrent users in this process share
+        one connection (requests run side by side); another process waits until this
+        one's users are done."""
+        record = await asyncio.to_thread(self._require_running, session)
+        async with self._agents.use(
+            record.id, record.generation, lambda: self._connect_agent(record)
+        ) as client:
+            yield client
+
+    async def _connect_agent(self, record: SessionRecord) -> AgentClient:
         files = self.files(record.id)
         async with session_lock_async(self.home, record.id):
             # A forkpoint process killed mid-checkpoint leaves the VM paused: resume it.
@@ -616,17 +497,14 @@ class Runtime:
                 await machine.resume_if_paused()
             finally:
                 await machine.close()
-        async with global_lock_async(self.home, f"agent-{record.id}", timeout_s=600):
-            # Every connection re-sends the session's identity: the guest applies it unless
-            # it already did (the copy posted right after the restore may not have arrived).
-            identity = fresh_identity(
-                identity_token(record.id, record.generation), record.name or record.id
-            )
-            client = await AgentClient.connect(
-                files.agent_socket, timeout=AGENT_READY_TIMEOUT_S, identity=identity
-            )
-            async with client:
-                yield client
+        # Every connection re-sends the session's identity: the guest applies it unless it
+        # already did (the copy posted right after the restore may not have arrived).
+        identity = fresh_identity(
+            identity_token(record.id, record.generation), record.name or record.id
+        )
+        return await AgentClient.connect(
+            files.agent_socket, timeout=AGENT_READY_TIMEOUT_S, identity=identity
+        )
 
     async def exec(
         self,
@@ -643,8 +521,9 @@ class Runtime:
     ) -> CommandResult:
         """Run a command in the guest to completion (exit code passed through, not raised).
 
-        Output streams to ``on_stdout``/``on_stderr`` as it comes, and is returned as
-        ``output_encoding`` (UTF-8 text, or base64 for the exact bytes).
+        Output streams to ``on_stdout``/``on_stderr`` as it comes (they run on the shared
+        connection's reader: keep them quick), and is returned as ``output_encoding``
+        (UTF-8 text, or base64 for the exact bytes).
         :raises CommandTimeout: past ``timeout`` seconds (the command is killed).
         """
         async with self.agent(session) as agent:
@@ -700,16 +579,3 @@ class Runtime:
     async def kill_process(self, session: str, pid: int, signal: int | str = "TERM") -> None:
         async with self.agent(session) as agent:
             await agent.kill(pid, signal)
-
-
-def _shape_of(record: CheckpointRecord) -> tuple[int, int]:
-    machine = record.manifest.get("machine", {})
-    return int(machine.get("memory_mib", 512)), int(machine.get("cpus", 1))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

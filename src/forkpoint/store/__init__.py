@@ -6,7 +6,7 @@ The database is the source of truth shared by every forkpoint process on one hom
 
 from __future__ import annotations
 
-from forkpoint.store.db import DEFAULT_BUSY_TIMEOUT_S, Store
+from forkpoint.store.db import DEFAULT_BUSY_TIMEOUT_S, KEEP, Keep, Store
 from forkpoint.store.locks import (
     DEFAULT_LOCK_TIMEOUT_S,
     global_lock,
@@ -33,9 +33,11 @@ from forkpoint.store.schema import SCHEMA_VERSION
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_S",
     "DEFAULT_LOCK_TIMEOUT_S",
+    "KEEP",
     "SCHEMA_VERSION",
     "CheckpointKind",
     "CheckpointRecord",
+    "Keep",
     "LayerRecord",
     "Network",
     "PortForward",

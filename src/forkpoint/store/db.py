@@ -58,7 +58,7 @@ from forkpoint.store.models import (
 )
 from forkpoint.store.schema import MIGRATIONS, migrate, schema_version
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "Store"]
+__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "KEEP", "Keep", "Store"]
 
 DEFAULT_BUSY_TIMEOUT_S = 10.0
 

@@ -73,7 +73,9 @@ class Qmp:
             desc = error.error.error.desc
             raise QemuError(f"{self._describe}: {command} failed: {desc}") from error
         except (QMPError, OSError, EOFError) as error:
-            raise QemuError(f"{self._describe}: {command}: QMP connection lost ({error})") from error
+            raise QemuError(
+                f"{self._describe}: {command}: QMP connection lost ({error})"
+            ) from error
 
     async def run_until_event(
         self, event: str, action: Callable[[], Awaitable[None]], timeout_s: float

@@ -1,0 +1,133 @@
+"""Writing a checkpoint so that it is all there or not at all, and deleting one.
+
+The files go into a temp directory (fsynced), which is renamed into place; only then is
+the checkpoint recorded in the store. A process killed halfway leaves an invisible
+``.tmp-<id>`` directory and no record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from forkpoint.config import Home
+from forkpoint.images import Image
+from forkpoint.models import CheckpointKind
+from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
+from forkpoint.vm import Machine, MachineShape, qemu_build
+from forkpoint.vm.shape import ARGV_LAYOUT_VERSION
+
+from .machines import new_layer_name
+from .manifest import CheckpointFiles, Manifest
+
+__all__ = ["CheckpointOrigin", "Checkpointer"]
+
+
+@dataclass(frozen=True)
+class CheckpointOrigin:
+    """Whose checkpoint it is: recorded in its manifest and in the store."""
+
+    session_id: str
+    name: str | None
+    kind: CheckpointKind
+    image: Image
+    shape: MachineShape
+    parent: str | None
+    guest_ports: tuple[int, ...]
+
+
+class Checkpointer:
+    """Writes and deletes the checkpoints of one home."""
+
+    def __init__(self, home: Home, store: Store) -> None:
+        self.home = home
+        self.store = store
+
+    def files(self, checkpoint_id: str) -> CheckpointFiles:
+        return CheckpointFiles.of(self.home, checkpoint_id)
+
+    async def write(
+        self, machine: Machine, ram_base: Path, layer: str, origin: CheckpointOrigin
+    ) -> CheckpointRecord:
+        """Checkpoint the running ``machine`` (which maps ``ram_base`` and writes to the
+        disk ``layer``): the layer is frozen and the VM continues on a new one, recorded
+        as the session's (a user checkpoint) whatever else happens.
+
+        :raises QemuError: QEMU failed; nothing is recorded and the VM runs on.
+        """
+        started = time.perf_counter()
+        final = self.files(new_checkpoint_id())
+        staging = final.staging()
+        await asyncio.to_thread(staging.dir.mkdir)
+        new_top = new_layer_name()
+        try:
+            try:
+                stats = await machine.checkpoint(
+                    self.home.layers / new_top, staging.state, ram_base, staging.ram
+                )
+            finally:
+                # Whatever happened, record the layer the VM now writes to.
+                await asyncio.to_thread(self._record_new_top, origin, layer, new_top)
+            manifest = Manifest(
+                id=final.dir.name, session_id=origin.session_id, name=origin.name,
+                kind=origin.kind, shape=origin.shape, argv_layout=ARGV_LAYOUT_VERSION,
+                qemu_version=qemu_build().version, image=origin.image.name,
+                image_hash=origin.image.hash, disk_layer=layer,
+                parent_checkpoint=origin.parent, ports=origin.guest_ports, stats=stats,
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )  # fmt: skip
+            await asyncio.to_thread(self._publish, manifest, staging, final)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
+            raise
+        return await asyncio.to_thread(self._insert, manifest, final)
+
+    def _record_new_top(self, origin: CheckpointOrigin, frozen: str, new_top: str) -> None:
+        if not (self.home.layers / new_top).exists():
+            return  # QEMU failed before switching layers
+        with self.store.transaction():
+            self.store.insert_layer(new_top, backing=frozen)
+            if origin.kind == CheckpointKind.USER:
+                self.store.update_session(origin.session_id, disk_layer=new_top)
+
+    def _publish(
+        self, manifest: Manifest, staging: CheckpointFiles, final: CheckpointFiles
+    ) -> None:
+        manifest.save(staging)
+        _fsync_dir(staging.dir)
+        os.rename(staging.dir, final.dir)  # atomic: a checkpoint is all there or not at all
+        _fsync_dir(final.dir.parent)
+
+    def _insert(self, manifest: Manifest, files: CheckpointFiles) -> CheckpointRecord:
+        record = CheckpointRecord.new(
+            session_id=manifest.session_id, disk_layer=manifest.disk_layer,
+            image=manifest.image, image_hash=manifest.image_hash, manifest=manifest.to_dict(),
+            size_bytes=manifest.stats.ram_bytes + manifest.stats.state_bytes,
+            name=manifest.name, kind=manifest.kind, parent_checkpoint=manifest.parent_checkpoint,
+        )  # fmt: skip
+        try:
+            return self.store.insert_checkpoint(replace(record, id=manifest.id))
+        except BaseException:
+            shutil.rmtree(files.dir, ignore_errors=True)
+            raise
+
+    def delete(self, checkpoint_id: str) -> None:
+        """Forget a checkpoint and delete its files (blocking).
+
+        :raises InUse: sessions or checkpoints depend on it.
+        """
+        record = self.store.get_checkpoint(checkpoint_id)
+        self.store.delete_checkpoint(record.id)
+        shutil.rmtree(self.files(record.id).dir, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

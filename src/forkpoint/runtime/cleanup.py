@@ -1,0 +1,60 @@
+"""Ending a session's processes and collecting the disk layers nothing uses any more.
+
+Everything here blocks (process waits, /proc scans, SQLite, file deletion): async callers
+run it in a thread.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from forkpoint.config import Home
+from forkpoint.errors import Conflict, ForkpointError
+from forkpoint.store import SessionRecord, Store, global_lock
+from forkpoint.vm import VmFiles
+from forkpoint.vm.disk import blank_overlay_of
+from forkpoint.vm.net import passt_log, stop_passt
+from forkpoint.vm.process import kill_and_wait, pids_with_arg
+
+__all__ = ["collect_layers", "kill_session_processes", "remove_session_files"]
+
+
+def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
+    """Kill the session's QEMU and passt: those recorded, and those never recorded (a
+    forkpoint process killed while restoring the VM), found by their command lines."""
+    kill_and_wait(record.qemu_pid, files.name)
+    for pid in record.aux_pids:
+        stop_passt(files, pid)
+    ours = {files.name, str(passt_log(files))}
+    for pid, arg in pids_with_arg(ours.__contains__):
+        kill_and_wait(pid, arg)
+
+
+def remove_session_files(files: VmFiles) -> None:
+    shutil.rmtree(files.dir, ignore_errors=True)
+    shutil.rmtree(files.sock_dir, ignore_errors=True)
+
+
+def collect_layers(home: Home, store: Store) -> list[str]:
+    """Delete the disk layers nothing depends on any more; returns their names.
+
+    Opportunistic: skipped while another process builds an image template (its base
+    layer has no referrer until the template checkpoint exists).
+    """
+    removed: list[str] = []
+    tried: set[str] = set()  # one that cannot be deleted must not loop forever
+    try:
+        with global_lock(home, "gc", timeout_s=0):
+            while names := [n for n in store.unreferenced_layers() if n not in tried]:
+                for name in names:
+                    tried.add(name)
+                    try:
+                        store.delete_layer(name)
+                    except ForkpointError:
+                        continue
+                    (home.layers / name).unlink(missing_ok=True)
+                    blank_overlay_of(home.layers / name).unlink(missing_ok=True)
+                    removed.append(name)
+    except Conflict:
+        pass  # busy: the next gc collects
+    return removed

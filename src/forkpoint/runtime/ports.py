@@ -1,0 +1,60 @@
+"""Host ports for forwarded guest ports: chosen free on 127.0.0.1, unique in the home.
+
+A forward is served by the session's passt; adding one restarts passt with the new list
+(QEMU's stream server accepts the new connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from forkpoint.config import Home
+from forkpoint.errors import InternalError
+from forkpoint.store import SessionRecord, Store, global_lock
+from forkpoint.vm import VmFiles
+from forkpoint.vm.net import start_passt, stop_passt
+
+__all__ = ["HostPorts"]
+
+_ATTEMPTS = 100
+
+
+class HostPorts:
+    """Allocates host ports (across processes: the home's ``ports`` lock) and restarts a
+    session's network helper with its forwards."""
+
+    def __init__(self, home: Home, store: Store) -> None:
+        self.home = home
+        self.store = store
+        # Forks in this process queue here instead of polling the inter-process lock.
+        self._lock = asyncio.Lock()
+
+    async def allocate(self, session_id: str, guest_port: int) -> int:
+        """A free host port, recorded as forwarding to ``guest_port`` of the session.
+
+        :raises InternalError: no free port found.
+        """
+        async with self._lock:
+            return await asyncio.to_thread(self._allocate, session_id, guest_port)
+
+    def _allocate(self, session_id: str, guest_port: int) -> int:
+        with global_lock(self.home, "ports"):
+            taken = self.store.allocated_host_ports()
+            for _ in range(_ATTEMPTS):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = int(probe.getsockname()[1])
+                if port not in taken:
+                    self.store.add_port(session_id, guest_port, port)
+                    return port
+        raise InternalError("no free host port found on 127.0.0.1")
+
+    def restart_network(self, files: VmFiles, session_id: str) -> None:
+        """Restart the session's passt with all its recorded forwards (blocking)."""
+        record: SessionRecord = self.store.get_session(session_id)
+        for pid in record.aux_pids:
+            stop_passt(files, pid)
+        forwards = [(p.host_port, p.guest_port) for p in record.ports]
+        pid = start_passt(files, forwards)
+        self.store.update_session(record.id, aux_pids=[pid])

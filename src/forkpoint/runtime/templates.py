@@ -1,0 +1,88 @@
+"""Image templates: each image booted once per machine shape, then checkpointed.
+
+Creating a session is a fork of its image's template, so the guest boot (seconds under
+TCG) happens once per image and shape, not once per session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+from forkpoint.agent_client import AgentClient
+from forkpoint.config import Home
+from forkpoint.errors import ForkpointError, InternalError
+from forkpoint.images import Image
+from forkpoint.models import CheckpointKind
+from forkpoint.store import CheckpointRecord, Store, global_lock_async
+from forkpoint.vm import Machine, MachineShape, VmFiles, create_overlay, qemu_build
+
+from .checkpoints import Checkpointer, CheckpointOrigin
+from .machines import boot_files, new_layer_name
+
+__all__ = ["Templates"]
+
+_BOOT_TIMEOUT_S = 180.0
+_LOCK_TIMEOUT_S = 300.0
+
+
+class Templates:
+    """The template checkpoints of one home, booted on first use."""
+
+    def __init__(self, home: Home, store: Store, checkpointer: Checkpointer) -> None:
+        self.home = home
+        self.store = store
+        self.checkpointer = checkpointer
+
+    async def get(self, image: Image, shape: MachineShape) -> CheckpointRecord:
+        """The checkpoint of ``image`` booted to agent-ready on this machine shape (booted
+        now if there is none; another process booting it is waited for).
+
+        :raises InternalError: the boot failed (with the VM's log tail).
+        """
+        if (existing := await asyncio.to_thread(self._existing, image, shape)) is not None:
+            return existing
+        async with global_lock_async(self.home, f"template-{image.hash}", _LOCK_TIMEOUT_S):
+            if (existing := await asyncio.to_thread(self._existing, image, shape)) is not None:
+                return existing
+            # gc must not collect the template's base layer before the template refers to it
+            async with global_lock_async(self.home, "gc", _LOCK_TIMEOUT_S):
+                return await self._boot(image, shape)
+
+    def _existing(self, image: Image, shape: MachineShape) -> CheckpointRecord | None:
+        checkpoint_id = self.store.get_template(image.hash, shape.key)
+        if checkpoint_id is None or not self.checkpointer.files(checkpoint_id).complete():
+            return None
+        return self.store.get_checkpoint(checkpoint_id)
+
+    async def _boot(self, image: Image, shape: MachineShape) -> CheckpointRecord:
+        directory = self.home.sessions / f"template-{image.hash}-{shape.key}"
+        files = VmFiles(directory, f"forkpoint-{directory.name}")
+        await asyncio.to_thread(shutil.rmtree, files.dir, ignore_errors=True)
+        files.ensure()
+        base = new_layer_name()
+        await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
+        await asyncio.to_thread(self.store.insert_layer, base)
+        machine = await Machine.start(
+            qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base
+        )
+        try:
+            async with await AgentClient.connect(
+                files.agent_socket, timeout=_BOOT_TIMEOUT_S
+            ) as agent:
+                await agent.hello()
+            origin = CheckpointOrigin(
+                session_id=f"template-{image.hash}", name=None, kind=CheckpointKind.TEMPLATE,
+                image=image, shape=shape, parent=None, guest_ports=(),
+            )  # fmt: skip
+            record = await self.checkpointer.write(machine, files.boot_ram, base, origin)
+            await asyncio.to_thread(self.store.set_template, image.hash, shape.key, record.id)
+            return record
+        except ForkpointError as error:
+            raise InternalError(
+                f"booting image {image.name} to build its template failed: {error.message}",
+                log_tail=files.log_tail(),
+            ) from error
+        finally:
+            await machine.kill()
+            await asyncio.to_thread(shutil.rmtree, files.dir, ignore_errors=True)
