@@ -28,6 +28,7 @@ from forkpoint.runtime.manifest import Manifest
 from forkpoint.server import create_app
 from forkpoint.store import SessionState
 from forkpoint.vm import Machine
+from forkpoint.vm.runstate import RunState
 from forkpoint.vm.process import pids_with_arg
 
 pytestmark = pytest.mark.vm
@@ -246,12 +247,12 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
                     # /dev/full: every write fails with ENOSPC, as on a full disk
                     await machine.checkpoint(
                         rt.home.layers / new_layer_name(), Path("/dev/full"),
-                        rt.home.checkpoints / str(record.parent_checkpoint) / "ram",
+                        rt.checkpoint_files(str(record.parent_checkpoint)).ram,
                         tmp_path / "unused-ram",
                     )  # fmt: skip
                 assert "saving device state failed" in info.value.message
                 assert info.value.log_tail  # QEMU's own log is attached
-                assert await machine.status() == "running"
+                assert await machine.status() == RunState.RUNNING
             finally:
                 await machine.close()
             assert (await rt.exec(session.id, "echo alive")).stdout == "alive\n"
