@@ -24,7 +24,8 @@ import pytest
 
 import forkpoint
 from forkpoint.agent_client import AgentClient, fresh_identity
-from forkpoint.errors import AgentError, CommandTimeout, InvalidInput, NotFound
+from forkpoint.config import Home
+from forkpoint.errors import AgentError, CommandTimeout, Conflict, InvalidInput, NotFound
 from forkpoint.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -35,6 +36,8 @@ from forkpoint.protocol import (
     parse_reply,
     request_message,
 )
+from forkpoint.runtime.agents import AgentPool
+from forkpoint.store import global_lock, global_lock_async
 
 pytestmark = pytest.mark.timeout(120)  # generous: CI shares 2 cores with VMs
 
@@ -590,6 +593,70 @@ def test_connect_by_path_retries_and_times_out(tmp_path: Path, guest_root: Path)
                 w.close()
             server.close()
             await server.wait_closed()
+            await agent.stop()
+
+    asyncio.run(main())
+
+
+# -- the runtime's agent pool: one connection per session ---------------------------------
+
+
+def test_agent_pool_shares_one_connection_per_session(tmp_path: Path, guest_root: Path) -> None:
+    home = Home(tmp_path / "home")
+    lock = "agent-s-1"
+
+    def lock_is_free() -> bool:
+        try:
+            with global_lock(home, "agent-s-1", timeout_s=0):
+                return True
+        except Conflict:
+            return False
+
+    async def main() -> None:
+        agent = LocalAgent(tmp_path, guest_root)
+        await agent.start()
+        pool = AgentPool(lambda sid: global_lock_async(home, f"agent-{sid}", timeout_s=5))
+        connects = 0
+
+        async def connect() -> AgentClient:
+            nonlocal connects
+            connects += 1
+            return await agent.client()
+
+        async def long_exec() -> bytes:
+            async with pool.use("s-1", 0, connect) as c:
+                return (await c.exec("sleep 3; echo slept")).stdout
+
+        try:
+            (tmp_path / "f.txt").write_bytes(b"hello")
+            running = asyncio.create_task(long_exec())
+            await asyncio.sleep(0.5)  # the exec is under way
+            async with pool.use("s-1", 0, connect) as c:
+                started = time.monotonic()
+                assert await c.read_file(str(tmp_path / "f.txt")) == b"hello"
+                assert time.monotonic() - started < 1 and not running.done()
+            assert connects == 1  # the read used the exec's connection
+            assert pool.connected() == ["s-1"] and not lock_is_free()  # others wait
+            assert await running == b"slept\n"
+            # The last user left: hung up, and another process may connect.
+            assert pool.connected() == [] and lock_is_free(), lock
+            async with pool.use("s-1", 0, connect) as c:
+                await c.hello()
+            assert connects == 2
+
+            async with pool.use("s-1", 0, connect) as broken:
+                await broken.close()  # e.g. the VM went away
+                async with pool.use("s-1", 0, connect) as fresh:
+                    assert not fresh.closed and connects == 4
+                    # rolled back (next generation): a new connection, the old one is closed
+                    async with pool.use("s-1", 1, connect) as newer:
+                        assert fresh.closed and connects == 5
+                        await newer.hello()
+                        # a caller that read the session before the rollback joins it
+                        async with pool.use("s-1", 0, connect) as joined:
+                            assert joined is newer and connects == 5
+            assert pool.connected() == [] and lock_is_free()
+        finally:
             await agent.stop()
 
     asyncio.run(main())
