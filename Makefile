@@ -50,7 +50,7 @@ bench: setup
 lint: venv
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
-	$(VENV)/bin/mypy --strict src tests/typing
+	$(VENV)/bin/mypy --strict src tests
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) bench-out

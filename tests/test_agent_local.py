@@ -87,9 +87,13 @@ class LocalAgent:
     async def accept(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.wait_for(self.conns.get(), 10)
 
-    async def client(self, **kw: float) -> AgentClient:
+    async def client(
+        self, *, timeout: float = 10.0, request_timeout: float | None = 60.0
+    ) -> AgentClient:
         reader, writer = await self.accept()
-        return await AgentClient.over_streams(reader, writer, label="test-agent", **kw)
+        return await AgentClient.over_streams(
+            reader, writer, label="test-agent", timeout=timeout, request_timeout=request_timeout
+        )
 
     async def stop(self) -> None:
         if self.proc is not None:

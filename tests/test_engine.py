@@ -13,9 +13,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -28,10 +29,12 @@ from forkpoint.runtime.manifest import Manifest
 from forkpoint.server import create_app
 from forkpoint.store import SessionState
 from forkpoint.vm import Machine
-from forkpoint.vm.runstate import RunState
 from forkpoint.vm.process import pids_with_arg
+from forkpoint.vm.runstate import RunState
 
 pytestmark = pytest.mark.vm
+
+_T = TypeVar("_T")
 
 # Counts in memory; the file only reports the count. A restarted process would start at 1.
 COUNTER = (
@@ -45,7 +48,7 @@ COUNTER = (
 )
 
 
-def run(coro):  # type: ignore[no-untyped-def]
+def run(coro: Coroutine[Any, Any, _T]) -> _T:
     return asyncio.run(coro)
 
 
