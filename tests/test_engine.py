@@ -28,9 +28,8 @@ from forkpoint.runtime.machines import new_layer_name
 from forkpoint.runtime.manifest import Manifest
 from forkpoint.server import create_app
 from forkpoint.store import SessionState
-from forkpoint.vm import Machine
+from forkpoint.vm import Machine, RunState
 from forkpoint.vm.process import pids_with_arg
-from forkpoint.vm.runstate import RunState
 
 pytestmark = pytest.mark.vm
 

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import IO, Any, Final, TypeVar
 
 from ..errors import AgentError, ForkpointError, InvalidInput
+from ..polling import poll_until
 from ..protocol import (
     CHUNK_BYTES,
     PROTOCOL_VERSION,
@@ -641,19 +642,31 @@ async def post_identity(
 async def _open(
     path: str | os.PathLike[str], deadline: float, timeout: float
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    loop = asyncio.get_running_loop()
-    while True:
+    """Connect, retrying while the socket is missing or refuses, until ``deadline``."""
+    refused: OSError | None = None
+
+    async def attempt() -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        nonlocal refused
         try:
             return await asyncio.open_unix_connection(os.fspath(path))
         except (FileNotFoundError, ConnectionRefusedError) as e:
-            if loop.time() >= deadline:
-                raise AgentError(
-                    f"cannot connect to the agent socket {os.fspath(path)} "
-                    f"within {timeout:g} s: {e.strerror or e}"
-                ) from None
-            await asyncio.sleep(_CONNECT_RETRY_S)
+            refused = e  # not there yet (QEMU creates it a few ms after starting)
+            return None
         except OSError as e:
-            raise AgentError(f"cannot connect to the agent socket {path}: {e}") from None
+            raise AgentError(f"cannot connect to the agent socket {path}: {e}") from e
+
+    def timed_out() -> AgentError:
+        reason = refused.strerror or refused if refused else "timed out"
+        return AgentError(
+            f"cannot connect to the agent socket {os.fspath(path)} within {timeout:g} s: {reason}"
+        )
+
+    return await poll_until(
+        attempt,
+        timeout_s=deadline - asyncio.get_running_loop().time(),
+        timed_out=timed_out,
+        interval_s=_CONNECT_RETRY_S,
+    )
 
 
 def _hello_frame(rid: int, nonce: str, identity: RestoreIdentityArgs | None) -> bytes:

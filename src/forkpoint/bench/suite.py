@@ -24,8 +24,10 @@ import httpx
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import get_image
 from forkpoint.models import Session
+from forkpoint.polling import poll_until
 from forkpoint.runtime import Runtime
-from forkpoint.vm import BootFiles, MachineShape, detect_accel, guest_cmdline, host_tsc_khz
+from forkpoint.runtime.machines import boot_files
+from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
 from .baselines import Baselines
 from .report import build_result
@@ -123,7 +125,7 @@ class Suite:
         image = get_image(images=self.runtime.home.images)
         accel = detect_accel(self.runtime.build, self.runtime.home.cache, image.kernel)
         shape = MachineShape.for_build(self.runtime.build, accel, MEMORY_MIB, 1)
-        boot = BootFiles(image.kernel, image.initrd, guest_cmdline(accel, host_tsc_khz()))
+        boot = boot_files(image, shape)
         host = {
             "cpus": os.cpu_count() or 1,
             "accel": accel,
@@ -380,28 +382,31 @@ class Suite:
         )
         started = time.perf_counter()
         await self.runtime.spawn(session_id, ["python3", "-c", code])
-        deadline = started + _ALLOC_TIMEOUT_S
-        while True:
+
+        async def touched() -> bool | None:
             result = await self.runtime.exec(session_id, ["test", "-e", marker])
-            if result.exit_code == 0:
-                break
-            if time.perf_counter() > deadline:
-                raise InternalError(f"allocating {mib} MiB in the guest took too long")
-            await asyncio.sleep(0.3)
+            return True if result.exit_code == 0 else None
+
+        await poll_until(
+            touched,
+            timeout_s=_ALLOC_TIMEOUT_S,
+            timed_out=lambda: InternalError(f"allocating {mib} MiB in the guest took too long"),
+            interval_s=0.3,
+        )
         self.log(f"scaling: guest touched {mib} MiB in {time.perf_counter() - started:.1f} s")
 
     # -- helpers -----------------------------------------------------------------------
 
     async def _serves(self, url: str, timeout_s: float) -> bool:
-        deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline:
-            try:
-                if (await self._http.get(url)).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-        return False
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await self._http.get(url)).status_code == 200:
+                            return True
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            return False
 
     async def _wait_http(self, url: str, timeout_s: float) -> None:
         if not await self._serves(url, timeout_s):

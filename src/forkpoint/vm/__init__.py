@@ -11,6 +11,7 @@ from forkpoint.vm.files import VmFiles
 from forkpoint.vm.host import host_tsc_khz
 from forkpoint.vm.machine import CheckpointStats, Machine
 from forkpoint.vm.ramfile import allocated_bytes, sparse_copy
+from forkpoint.vm.runstate import RunState, StateError
 from forkpoint.vm.shape import BootFiles, MachineShape, Network
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "MachineShape",
     "Network",
     "QemuBuild",
+    "RunState",
+    "StateError",
     "VmFiles",
     "allocated_bytes",
     "build_argv",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -37,15 +36,12 @@ def _kvm_runs_a_guest(build: QemuBuild, kernel: Path) -> bool:
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + _PROBE_SECONDS
-    while time.monotonic() < deadline:
-        code = proc.poll()
-        if code is not None:
-            return code == 0  # 0: the kernel ran and panicked; else QEMU aborted
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    return True
+    try:
+        return proc.wait(timeout=_PROBE_SECONDS) == 0  # 0: the kernel ran and panicked
+    except subprocess.TimeoutExpired:  # still running a guest: KVM works
+        proc.kill()
+        proc.wait()
+        return True
 
 
 def detect_accel(build: QemuBuild, cache_dir: Path, kernel: Path) -> Accel:
