@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -24,6 +24,7 @@ from contextlib import (
     contextmanager,
 )
 from pathlib import Path
+from typing import TypedDict
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, InvalidInput
@@ -64,56 +65,52 @@ def _try_lock(fd: int) -> bool | None:
     return True
 
 
-def _release(fd: int) -> None:
-    # Unlock explicitly: a forked child sharing this open file would otherwise keep it.
+class _Waiting(TypedDict):
+    timeout_s: float
+    timed_out: Callable[[], BaseException]
+    interval_s: float
+    max_interval_s: float
+
+
+def _waiting(timeout_s: float, busy: str) -> _Waiting:
+    return {
+        "timeout_s": timeout_s,
+        "timed_out": lambda: Conflict(busy),
+        "interval_s": _POLL_MIN_S,
+        "max_interval_s": _POLL_MAX_S,
+    }
+
+
+@contextmanager
+def _lock_file(path: Path) -> Iterator[int]:
+    """The lock file's fd, unlocked (if it was locked) and closed on exit."""
+    fd = _open(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        yield fd
     finally:
-        os.close(fd)
+        # Unlock explicitly: a forked child sharing this open file would otherwise keep it.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 @contextmanager
 def _hold(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
-    fd = _open(path)
-    try:
-        poll_until_sync(
-            lambda: _try_lock(fd),
-            timeout_s=timeout_s,
-            timed_out=lambda: Conflict(busy),
-            interval_s=_POLL_MIN_S,
-            max_interval_s=_POLL_MAX_S,
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
+    with _lock_file(path) as fd:
+        poll_until_sync(lambda: _try_lock(fd), **_waiting(timeout_s, busy))
         yield
-    finally:
-        _release(fd)
 
 
 @asynccontextmanager
 async def _hold_async(path: Path, timeout_s: float, busy: str) -> AsyncIterator[None]:
-    fd = _open(path)
+    with _lock_file(path) as fd:
 
-    async def locked() -> bool | None:
-        return _try_lock(fd)
+        async def locked() -> bool | None:
+            return _try_lock(fd)
 
-    try:
-        await poll_until(
-            locked,
-            timeout_s=timeout_s,
-            timed_out=lambda: Conflict(busy),
-            interval_s=_POLL_MIN_S,
-            max_interval_s=_POLL_MAX_S,
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
+        await poll_until(locked, **_waiting(timeout_s, busy))
         yield
-    finally:
-        _release(fd)
 
 
 def _session_busy(session_id: str) -> str:
