@@ -203,7 +203,7 @@ def test_checkpoint_in_use_cannot_be_deleted(rt: Runtime, parent: Session) -> No
             await rt.remove_checkpoint(ck.id)
         await rt.remove(child.id)
         await rt.remove_checkpoint(ck.id)
-        assert not (rt.home.checkpoints / ck.id).exists()
+        assert not rt.checkpoint_files(ck.id).dir.exists()
 
     run(scenario())
 

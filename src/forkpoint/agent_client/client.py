@@ -311,7 +311,7 @@ class AgentClient:
             self._writer.write(data)
             await self._writer.drain()
         except (ConnectionError, OSError) as e:
-            raise AgentError(f"agent connection {self._label} broken: {e}") from None
+            raise AgentError(f"agent connection {self._label} broken: {e}") from e
 
     async def _read_loop(self) -> None:
         """Decode frames; route events to callbacks and responses to waiters."""
@@ -375,7 +375,7 @@ class AgentClient:
             try:
                 frame = encode_frame(request_message(rid, op, frame_args))
             except ProtocolError as e:
-                raise InvalidInput(f"{op} request too large: {e}") from None
+                raise InvalidInput(f"{op} request too large: {e}") from e
             await self._send(frame)
             idle = self._request_timeout if isinstance(timeout, _Default) else timeout
             resp = await self._wait(op, pend, idle)
@@ -400,7 +400,7 @@ class AgentClient:
         try:
             return from_wire(cls, resp.result, what="result")
         except ProtocolError as e:
-            raise AgentError(f"agent sent a malformed result: {e}") from None
+            raise AgentError(f"agent sent a malformed result: {e}") from e
 
     async def _simple(self, op: Op, args: object, result: type[_R]) -> _R:
         return self._decode(result, await self._call(op, args))

@@ -391,7 +391,7 @@ class Store:
             kind = CheckpointKind(record.kind).value
             manifest = json.dumps(record.manifest, sort_keys=True)
         except (ValueError, TypeError) as exc:
-            raise InvalidInput(f"invalid checkpoint record: {exc}") from None
+            raise InvalidInput(f"invalid checkpoint record: {exc}") from exc
         with self.transaction() as conn:
             require_absent(conn, "checkpoints", "id", record.id, f"checkpoint id {record.id}")
             if record.name is not None:
