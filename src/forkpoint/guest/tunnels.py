@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from ..protocol import (
@@ -82,26 +83,26 @@ class TunnelOps:
             # host closes it (stream_cancel) or its connection ends.
             self._streams.close(stream)
 
-    def _socket(self, ctx: Context, tunnel: int) -> socket.socket:
+    def _on_socket(
+        self, ctx: Context, tunnel: int, action: Callable[[socket.socket], object]
+    ) -> Empty:
         with self._lock:
             sock = self._sockets.get((ctx.generation, tunnel))
         if sock is None:
             raise GuestError(ErrorCode.NOT_FOUND, f"no such tunnel: {tunnel}")
-        return sock
+        try:
+            action(sock)
+        except OSError as e:
+            raise GuestError(ErrorCode.CONFLICT, f"tunnel {tunnel} is closed: {e}") from None
+        return Empty()
 
     def write(self, ctx: Context, args: TunnelWriteArgs) -> Empty:
-        try:
-            self._socket(ctx, args.tunnel).sendall(args.data)
-        except OSError as e:
-            raise GuestError(ErrorCode.CONFLICT, f"tunnel {args.tunnel} is closed: {e}") from None
-        return Empty()
+        """Send the bytes (blocks while the guest peer does not read)."""
+        return self._on_socket(ctx, args.tunnel, lambda sock: sock.sendall(args.data))
 
     def shutdown(self, ctx: Context, args: TunnelArgs) -> Empty:
-        try:
-            self._socket(ctx, args.tunnel).shutdown(socket.SHUT_WR)
-        except OSError as e:
-            raise GuestError(ErrorCode.CONFLICT, f"tunnel {args.tunnel} is closed: {e}") from None
-        return Empty()
+        """Half-close: the guest peer reads EOF."""
+        return self._on_socket(ctx, args.tunnel, lambda sock: sock.shutdown(socket.SHUT_WR))
 
     def close(self, key: tuple[int, int]) -> None:
         """Close a tunnel's socket (wakes its reader). Idempotent."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal as signal_mod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -21,9 +21,8 @@ from forkpoint.protocol import EventKind, ProcEndResult, TrackedProcessInfo
 
 __all__ = [
     "AgentSource",
-    "attach_process",
     "end_error",
-    "start_process",
+    "process_events",
     "tcp_tunnel",
     "tracked_process",
 ]
@@ -66,34 +65,13 @@ async def _events(stream: ProcessStream) -> AsyncIterator[ProcessEvent]:
         await stream.detach()
 
 
-async def start_process(
-    source: AgentSource,
-    session: str,
-    cmd: str,
-    args: Sequence[str] = (),
-    *,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-    user: str | None = None,
-    stdin: bool = False,
-    tag: str | None = None,
-    timeout: float | None = None,
+async def process_events(
+    agent: AbstractAsyncContextManager[AgentClient],
+    open_stream: Callable[[AgentClient], Awaitable[ProcessStream]],
 ) -> AsyncIterator[ProcessEvent]:
-    """See :meth:`Runtime.start_process`."""
-    async with source.agent(session) as agent:
-        stream = await agent.start_process(
-            [cmd, *args], cwd=cwd, env=env, user=user, stdin=stdin, tag=tag, timeout=timeout
-        )
-        async for event in _events(stream):
-            yield event
-
-
-async def attach_process(
-    source: AgentSource, session: str, pid: int
-) -> AsyncIterator[ProcessEvent]:
-    """See :meth:`Runtime.attach_process`."""
-    async with source.agent(session) as agent:
-        async for event in _events(await agent.attach_process(pid)):
+    """The events of the stream ``open_stream`` opens, holding ``agent`` meanwhile."""
+    async with agent as client:
+        async for event in _events(await open_stream(client)):
             yield event
 
 
@@ -109,6 +87,6 @@ def tracked_process(info: TrackedProcessInfo) -> TrackedProcess:
 async def tcp_tunnel(
     source: AgentSource, session: str, guest_port: int
 ) -> AsyncIterator[tuple[TunnelReader, TunnelWriter]]:
-    """See :meth:`Runtime.tcp_tunnel`."""
+    """A tunnel to ``guest_port``, holding ``source``'s agent connection meanwhile."""
     async with source.agent(session) as agent, agent.tunnel(guest_port) as streams:
         yield streams

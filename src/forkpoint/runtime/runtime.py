@@ -756,15 +756,19 @@ class Runtime:
         its home); None: root. ``stdin``: keep stdin open for ``send_stdin``.
         :raises NotFound: no such command, cwd or user (from the first ``__anext__``).
         """
-        return processes.start_process(
-            self, session, cmd, args, cwd=cwd, env=env, user=user, stdin=stdin, tag=tag,
-            timeout=timeout,
-        )  # fmt: skip
+        return processes.process_events(
+            self.agent(session),
+            lambda agent: agent.start_process(
+                [cmd, *args], cwd=cwd, env=env, user=user, stdin=stdin, tag=tag, timeout=timeout
+            ),
+        )
 
     def attach_process(self, session: str, pid: int) -> AsyncIterator[ProcessEvent]:
         """Re-attach: ``start``, then new output and ``end`` (at once if it has ended).
         :raises NotFound: no process ``pid`` was started with ``start_process``."""
-        return processes.attach_process(self, session, pid)
+        return processes.process_events(
+            self.agent(session), lambda agent: agent.attach_process(pid)
+        )
 
     async def send_stdin(self, session: str, pid: int, data: bytes) -> None:
         """:raises NotFound: :raises Conflict: started without stdin, or it was closed."""
