@@ -287,6 +287,12 @@ class Runtime:
         shutil.rmtree(files.sock_dir, ignore_errors=True)
         self.gc()
 
+    async def stop(self, session: str) -> Session:
+        """Kill the session's VM, keeping the session (``stopped``) to roll back later."""
+        from .stop import stop_session
+
+        return await stop_session(self, session)
+
     def _kill_processes(self, record: SessionRecord) -> None:
         files = self.files(record.id)
         kill_and_wait(record.qemu_pid, files.name)
