@@ -41,6 +41,8 @@ ALLOWED: dict[str, set[str]] = {
     "mcp": {"models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors", "config"},
     "demo": {"models", "runtime", "sdk", "browser", "agent_client", "protocol", "errors", "config"},
     "bench": {
+        "e2b",
+        "server",
         "models",
         "runtime",
         "vm",

@@ -27,10 +27,9 @@ from e2b import (
     SandboxState,
 )
 
+from e2b_gateway import Gateway, free_port, running_gateway
 from forkpoint.e2b.connect import ConnectError, end_stream, envelope, read_envelopes
 from forkpoint.e2b.proxy import parse_host
-
-from e2b_gateway import Gateway, free_port, running_gateway
 
 UNKNOWN = "s-00000000ff"
 

@@ -137,7 +137,12 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             _out(sandboxes, sandbox).model_dump(), status_code=201 if resumed else 200
         )
 
-    @router.post("/sandboxes/{sandbox_id}/fork", status_code=201, response_model=list[ForkResult])
+    @router.post(
+        "/sandboxes/{sandbox_id}/fork",
+        status_code=201,
+        response_model=list[ForkResult],
+        response_model_exclude_none=True,
+    )
     async def fork(sandbox_id: str, body: ForkBody | None = None) -> list[ForkResult]:
         body = body or ForkBody()
         results = await sandboxes.fork(sandbox_id, body.count, body.timeout)

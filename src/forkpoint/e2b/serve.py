@@ -48,8 +48,9 @@ async def run_gateway(
     *,
     reap_interval_s: float = 1.0,
     log_level: str = "warning",
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until cancelled (or SIGINT/SIGTERM, which uvicorn handles)."""
+    """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set."""
     sandboxes = Sandboxes(runtime, config)
     app = create_e2b_app(sandboxes, token)
     server = uvicorn.Server(
@@ -58,9 +59,17 @@ async def run_gateway(
     proxy = SandboxProxy(sandboxes, api_socket.getsockname()[1])
     listeners = [await asyncio.start_server(proxy.handle, sock=s) for s in proxy_sockets]
     reaper = asyncio.create_task(reap_forever(sandboxes, reap_interval_s))
+
+    async def stop_when_asked() -> None:
+        if stop is not None:
+            await stop.wait()
+            server.should_exit = True
+
+    stopper = asyncio.create_task(stop_when_asked())
     try:
         await server.serve(sockets=[api_socket])
     finally:
+        stopper.cancel()
         reaper.cancel()
         for listener in listeners:
             listener.close()
