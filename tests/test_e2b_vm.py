@@ -27,8 +27,16 @@ from e2b import (
 from e2b.exceptions import SandboxNotRunningException
 
 from e2b_gateway import Gateway, running_gateway
+from forkpoint.runtime import Runtime
 
 pytestmark = pytest.mark.vm
+
+# Commands, uploads as `user` and get_host need the guest process model and TCP tunnels
+# (Runtime.start_process, tcp_tunnel, write_file(user=), make_dir, rename): branch guestproc.
+needs_processes = pytest.mark.skipif(
+    not hasattr(Runtime, "start_process") or not hasattr(Runtime, "tcp_tunnel"),
+    reason="needs the guest process model in the runtime (branch guestproc)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,16 @@ def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) 
         assert info.metadata == {"who": "test"} and info.state == SandboxState.RUNNING
         assert sbx.sandbox_id in _ids(SandboxState.RUNNING)
         assert sbx.get_host(8000) == f"8000-{sbx.sandbox_id}.localhost:{gateway.proxy_port}"
+
+        # read-only file operations on the existing runtime file ops
+        hostname = sbx.files.read("/etc/hostname")
+        assert hostname.strip()
+        assert sbx.files.exists("/etc/hostname") and not sbx.files.exists("/etc/nope")
+        assert "etc" in [e.name for e in sbx.files.list("/")]
+        assert sbx.files.get_info("/etc").type == FileType.DIR
+        with pytest.raises(NotFoundException):
+            sbx.files.read("/no/such/file")
+        assert httpx.get(sbx.download_url("/etc/hostname")).text == hostname
 
         # every envd call needs this sandbox's own access token
         wrong = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "x"}
@@ -154,6 +172,7 @@ def test_async_lifecycle(gateway: Gateway) -> None:
 # -- commands and files: need the guest process model ---------------------------------
 
 
+@needs_processes
 def test_commands_run_background_list_kill(sbx: Sandbox) -> None:
     result = sbx.commands.run("echo hello; echo oops >&2; id -un; pwd")
     assert result.exit_code == 0
@@ -180,6 +199,7 @@ def test_commands_run_background_list_kill(sbx: Sandbox) -> None:
     assert sbx.commands.kill(handle.pid) is False
 
 
+@needs_processes
 def test_commands_stdin_connect_and_disconnect(sbx: Sandbox) -> None:
     handle = sbx.commands.run("cat", background=True, stdin=True)
     sbx.commands.send_stdin(handle.pid, "one two\n")
@@ -199,6 +219,7 @@ def test_command_in_a_killed_sandbox(gateway: Gateway) -> None:
         sandbox.commands.run("true")
 
 
+@needs_processes
 def test_files(sbx: Sandbox) -> None:
     info = sbx.files.write("notes/a.txt", "hello")
     assert info.path == "/home/user/notes/a.txt"
@@ -219,3 +240,33 @@ def test_files(sbx: Sandbox) -> None:
         sbx.files.read("/no/such/file")
     url = sbx.download_url("/tmp/m/1")
     assert httpx.get(url).content == b"1"
+
+
+@needs_processes
+def test_flagship_quickstart(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/e2b_quickstart.py, unmodified: create → app → get_host → fork(3), same PID
+    in every fork → pause → connect → same PID → rollback → kill."""
+    import runpy
+    import socket
+    from pathlib import Path
+
+    try:
+        socket.getaddrinfo("8000-s-0000000000.localhost", 80)
+    except OSError:  # no libnss-myhostname here: HTTP_PROXY mode (README)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{gateway.proxy_port}")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    example = Path(__file__).parents[1] / "examples" / "e2b_quickstart.py"
+    runpy.run_path(str(example), run_name="e2b_quickstart")["main"]()
+
+
+def test_async_files_and_host(gateway: Gateway) -> None:
+    async def scenario() -> None:
+        sbx = await AsyncSandbox.create(timeout=600)
+        try:
+            assert (await sbx.files.read("/etc/hostname")).strip()
+            assert await sbx.files.exists("/etc")
+            assert sbx.get_host(3000).startswith(f"3000-{sbx.sandbox_id}.localhost:")
+        finally:
+            await sbx.kill()
+
+    asyncio.run(scenario())

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "CONNECT_JSON",
     "ConnectError",
+    "decode_message",
     "end_stream",
     "envelope",
     "read_envelopes",
@@ -60,6 +61,17 @@ class ConnectError(Exception):
         return {"code": self.code, "message": self.message}
 
 
+def decode_message(payload: bytes) -> dict[str, Any]:
+    """A request message (a JSON object; empty means ``{}``)."""
+    try:
+        message = json.loads(payload or b"{}")
+    except ValueError:
+        raise ConnectError("invalid_argument", "malformed JSON message") from None
+    if not isinstance(message, dict):
+        raise ConnectError("invalid_argument", "a message must be a JSON object")
+    return message
+
+
 def envelope(message: dict[str, Any]) -> bytes:
     data = json.dumps(message, separators=(",", ":")).encode()
     return _HEADER.pack(0, len(data)) + data
@@ -85,10 +97,4 @@ async def read_envelopes(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str
             del buffer[: _HEADER.size + length]
             if flags & _END_STREAM:
                 return
-            try:
-                message = json.loads(payload or b"{}")
-            except ValueError:
-                raise ConnectError("invalid_argument", "malformed JSON message") from None
-            if not isinstance(message, dict):
-                raise ConnectError("invalid_argument", "a message must be a JSON object")
-            yield message
+            yield decode_message(payload)

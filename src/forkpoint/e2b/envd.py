@@ -11,7 +11,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 import time
 from typing import Any
 
@@ -21,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from forkpoint.errors import ForkpointError, NotFound
 
 from . import envd_fs, envd_process
-from .connect import CONNECT_JSON, ConnectError, read_envelopes
+from .connect import CONNECT_JSON, ConnectError, decode_message, read_envelopes
 from .context import DEFAULT_USER, EnvdCall, connect_error, not_running
 from .files import download, envd_http_error, upload
 from .sandboxes import Sandbox, Sandboxes
@@ -196,14 +195,7 @@ def _stream(body: Any) -> StreamingResponse:
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    try:
-        message = json.loads(body or b"{}")
-    except ValueError:
-        raise ConnectError("invalid_argument", "malformed JSON body") from None
-    if not isinstance(message, dict):
-        raise ConnectError("invalid_argument", "the body must be a JSON object")
-    return message
+    return decode_message(await request.body())
 
 
 async def _first_envelope(request: Request) -> dict[str, Any]:
