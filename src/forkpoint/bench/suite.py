@@ -147,7 +147,8 @@ class Suite:
         await self._wait_http(url, _SERVER_TIMEOUT_S)
         self.log(f"web server answering on {url} after {time.perf_counter() - t_srv:.1f} s")
 
-        checkpoint = await self.runtime.checkpoint(server.id, name="bench")
+        # Unique: a bench killed before its cleanup leaves its checkpoint behind.
+        checkpoint = await self.runtime.checkpoint(server.id, name=f"bench-{uuid.uuid4().hex[:8]}")
         self._checkpoints.append(checkpoint.id)
         ops["checkpoint"], _ = await self._repeat(
             "checkpoint", plan.reps, lambda: self._checkpoint_once(server.id)
