@@ -23,6 +23,7 @@ from typing import Any, Literal
 from forkpoint.protocol import DirEntry as FileEntry
 from forkpoint.protocol import ProcessInfo as Process
 from forkpoint.protocol import SpawnResult as BackgroundProcess
+from forkpoint.protocol import StatResult as FileStat
 
 __all__ = [
     "ID_PATTERN",
@@ -39,13 +40,17 @@ __all__ = [
     "ErrorDetail",
     "ErrorResponse",
     "FileEntry",
+    "FileStat",
     "Health",
     "Network",
     "OutputEncoding",
     "Port",
     "Process",
+    "ProcessEvent",
+    "ProcessEventKind",
     "Session",
     "SessionState",
+    "TrackedProcess",
     "to_json_data",
 ]
 
@@ -217,6 +222,40 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+ProcessEventKind = Literal["start", "stdout", "stderr", "end"]
+
+
+@dataclass(frozen=True)
+class ProcessEvent:
+    """One event of a process started with ``Runtime.start_process``: ``start`` (first,
+    with the pid), ``stdout``/``stderr`` chunks (``data``), then ``end``: ``exit_code``
+    (128+N when signal N killed it, then ``signal`` is N) and ``error`` as Go's
+    ``exec.ExitError`` words it ("exit status 3", "signal: killed"; None for exit 0)."""
+
+    kind: ProcessEventKind
+    pid: int
+    data: bytes = b""
+    exit_code: int | None = None
+    signal: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class TrackedProcess:
+    """A process started with ``Runtime.start_process``: ``cmd`` the executable, ``args``
+    its arguments, ``env`` the per-call environment it was given; ``exit_code`` once it
+    ended (``running`` False)."""
+
+    pid: int
+    cmd: str
+    args: tuple[str, ...]
+    cwd: str
+    env: tuple[tuple[str, str], ...]
+    tag: str | None
+    running: bool
+    exit_code: int | None
 
 
 @dataclass(frozen=True)

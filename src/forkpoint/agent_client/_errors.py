@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import AgentError, CommandTimeout, ForkpointError, InvalidInput, NotFound
+from ..errors import AgentError, CommandTimeout, Conflict, ForkpointError, InvalidInput, NotFound
 from ..protocol import ErrorCode, ErrorInfo
 
 __all__ = ["error_from_agent"]
@@ -18,6 +18,13 @@ def error_from_agent(
     code, message = error.code, error.message
     if code == ErrorCode.NOT_FOUND:
         return NotFound(message)
+    if code == ErrorCode.CONFLICT:
+        return Conflict(message)
+    if code == ErrorCode.UNKNOWN_OP:
+        return AgentError(
+            f"the agent in this guest does not know {op}: its image predates it (rebuild "
+            "the image and create a new session)"
+        )
     if code in (ErrorCode.INVALID_INPUT, ErrorCode.PERMISSION_DENIED):
         return InvalidInput(message)
     if code == ErrorCode.TOO_LARGE:

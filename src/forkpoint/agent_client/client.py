@@ -18,8 +18,9 @@ import signal as signal_mod
 import struct
 import termios
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import IO, Any, Final, TypeVar
 
@@ -39,15 +40,26 @@ from ..protocol import (
     HelloArgs,
     HelloResult,
     KillArgs,
+    ListDirArgs,
     ListDirResult,
+    MakeDirArgs,
+    MakeDirResult,
     Op,
     PathArgs,
+    PidArgs,
+    ProcAttachArgs,
+    ProcEndResult,
     ProcessInfo,
+    ProcInputArgs,
+    ProcListResult,
+    ProcSignalArgs,
+    ProcStartArgs,
     ProtocolError,
     PsResult,
     ReadFileResult,
     RemoveArgs,
     RemoveResult,
+    RenameArgs,
     Response,
     RestoreIdentityArgs,
     RestoreIdentityResult,
@@ -55,6 +67,9 @@ from ..protocol import (
     SpawnResult,
     StatArgs,
     StatResult,
+    StreamCancelArgs,
+    TrackedProcessInfo,
+    TunnelOpenArgs,
     WriteBeginArgs,
     WriteBeginResult,
     WriteChunkArgs,
@@ -68,6 +83,9 @@ from ..protocol import (
     to_wire,
 )
 from ._errors import error_from_agent
+from .processes import ProcessStream
+from .streams import EventStream
+from .tunnel import TunnelReader, TunnelWriter
 
 __all__ = ["AgentClient", "OutputCallback", "fresh_identity", "post_identity"]
 
@@ -384,6 +402,35 @@ class AgentClient:
             raise error_from_agent(op, resp.error, command=command, timeout_s=exec_timeout)
         return resp
 
+    async def _open_stream(self, op: Op, args: object, window: int) -> EventStream:
+        """Send a streaming request; its events and final response come through the
+        returned stream (no idle timeout: such streams may be quiet for hours)."""
+        try:
+            frame_args = to_wire(args)
+            rid, pend = self._register(None)
+        except ValueError as e:
+            raise InvalidInput(str(e)) from None
+
+        async def call(op: Op, args: object) -> Response:
+            return await self._call(op, args)
+
+        def forget() -> None:
+            self._pending.pop(rid, None)
+
+        stream = EventStream(rid, pend.future, window, call, forget)
+        pend.on_event = stream.on_event
+        try:
+            await self._send(encode_frame(request_message(rid, op, frame_args)))
+        except BaseException:
+            self._pending.pop(rid, None)
+            raise
+        return stream
+
+    @staticmethod
+    def _raise_for(op: Op, resp: Response) -> None:
+        if resp.error is not None:
+            raise error_from_agent(op, resp.error)
+
     async def _wait(self, op: Op, pend: _Pending, idle: float | None) -> Response:
         loop = asyncio.get_running_loop()
         while True:
@@ -525,14 +572,16 @@ class AgentClient:
         *,
         mode: int = 0o644,
         make_parents: bool = True,
+        user: str | None = None,
     ) -> int:
         """Write ``data`` (bytes, or a binary file object read chunk by chunk) to ``path``.
 
         Atomic: the agent writes a temp file next to ``path`` and renames it on success.
         Chunks are pipelined, memory stays bounded on both sides. Returns bytes written.
+        ``user``: the file, and the parents it creates, belong to that guest user.
         Raises InvalidInput if ``path`` is a directory or not absolute.
         """
-        begin = _model(WriteBeginArgs, path=path, mode=mode, make_parents=make_parents)
+        begin = _model(WriteBeginArgs, path=path, mode=mode, make_parents=make_parents, user=user)
         handle = (await self._simple(Op.WRITE_BEGIN, begin, WriteBeginResult)).handle
         in_flight: set[asyncio.Task[Response]] = set()
         size = 0
@@ -564,9 +613,106 @@ class AgentClient:
                     pass
             raise
 
-    async def list_dir(self, path: str) -> list[DirEntry]:
-        """Entries of a directory, sorted by name. Raises NotFound / InvalidInput."""
-        return (await self._simple(Op.LIST_DIR, _model(PathArgs, path=path), ListDirResult)).entries
+    async def list_dir(self, path: str, *, depth: int = 1) -> list[DirEntry]:
+        """Entries of a directory (``depth`` levels: 2 adds its subdirectories' entries),
+        sorted by path. Raises NotFound / InvalidInput."""
+        args = _model(ListDirArgs, path=path, depth=depth)
+        return (await self._simple(Op.LIST_DIR, args, ListDirResult)).entries
+
+    async def make_dir(self, path: str, *, user: str | None = None) -> bool:
+        """``mkdir -p`` (what it creates belongs to ``user``); False if it existed.
+        Raises InvalidInput when a file is in the way, NotFound for an unknown user."""
+        args = _model(MakeDirArgs, path=path, user=user)
+        return (await self._simple(Op.MAKE_DIR, args, MakeDirResult)).created
+
+    async def rename(self, src: str, dst: str, *, user: str | None = None) -> None:
+        """Move ``src`` to ``dst`` (with ``user``: only where that user may write).
+        Raises NotFound, InvalidInput (also when ``user`` may not)."""
+        await self._call(Op.RENAME, _model(RenameArgs, src=src, dst=dst, user=user))
+
+    # -- processes the agent owns (envd-like) ------------------------------------------
+
+    async def start_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        stdin: bool = False,
+        tag: str | None = None,
+        timeout: float | None = None,
+    ) -> ProcessStream:
+        """Start ``argv`` as a process the agent owns; await ``started()`` for its pid.
+
+        It outlives this stream and this client (``attach_process`` streams it again).
+        ``timeout`` (s) bounds its life: its process group is killed then.
+        """
+        args = _model(
+            ProcStartArgs, argv=list(argv), cwd=cwd, env=dict(env or {}), user=user,
+            stdin=stdin, tag=tag, timeout=timeout or None,
+        )  # fmt: skip
+        return self._process_stream(Op.PROC_START, await self._open_stream(
+            Op.PROC_START, args, args.window
+        ))  # fmt: skip
+
+    async def attach_process(self, pid: int) -> ProcessStream:
+        """Stream a process started by :meth:`start_process` again (start, new output,
+        end; at once start + end if it has ended). ``started()`` raises NotFound."""
+        args = _model(ProcAttachArgs, pid=pid)
+        stream = await self._open_stream(Op.PROC_ATTACH, args, args.window)
+        return self._process_stream(Op.PROC_ATTACH, stream)
+
+    def _process_stream(self, op: Op, stream: EventStream) -> ProcessStream:
+        return ProcessStream(op, stream, self._raise_for, partial(self._decode, ProcEndResult))
+
+    async def send_stdin(self, pid: int, data: bytes) -> None:
+        """Write to the stdin of a process started with ``stdin=True`` (returns once the
+        pipe took it). Raises NotFound, Conflict (no stdin, or closed)."""
+        await self._call(Op.PROC_INPUT, ProcInputArgs(pid, data), timeout=None)
+
+    async def close_stdin(self, pid: int) -> None:
+        """Raises NotFound, Conflict (started without stdin)."""
+        await self._call(Op.PROC_CLOSE_STDIN, PidArgs(pid))
+
+    async def signal_process(self, pid: int, signal: int | str) -> None:
+        """Signal a started process's group. Raises NotFound (unknown, or ended)."""
+        await self._call(
+            Op.PROC_SIGNAL, _model(ProcSignalArgs, pid=pid, signal=_signal_number(signal))
+        )
+
+    async def list_processes(self) -> list[TrackedProcessInfo]:
+        """Processes started with :meth:`start_process`: running ones, then ended ones."""
+        return (await self._simple(Op.PROC_LIST, Empty(), ProcListResult)).processes
+
+    @contextlib.asynccontextmanager
+    async def tunnel(self, port: int) -> AsyncIterator[tuple[TunnelReader, TunnelWriter]]:
+        """A byte stream to 127.0.0.1:``port`` inside the guest.
+
+        Raises NotFound when nothing listens there. Leaving the block closes it.
+        """
+        args = _model(TunnelOpenArgs, port=port)
+        stream = await self._open_stream(Op.TUNNEL_OPEN, args, args.window)
+        try:
+            first = await stream.next()
+            if first is None:
+                self._raise_for(Op.TUNNEL_OPEN, stream.response())
+                raise AgentError(f"agent closed the tunnel to guest port {port} at once")
+
+            async def cancel() -> None:
+                with contextlib.suppress(ForkpointError):
+                    await self._call(Op.STREAM_CANCEL, StreamCancelArgs(stream.rid), timeout=5.0)
+
+            reader = TunnelReader(stream)
+            writer = TunnelWriter(stream.rid, self._call, cancel)
+            try:
+                yield reader, writer
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+        finally:
+            await stream.cancel()
 
     async def stat(self, path: str, *, follow_symlinks: bool = True) -> StatResult:
         """Type, size (bytes), mode, mtime (ns), owner. Raises NotFound."""

@@ -24,11 +24,13 @@ from ..protocol import (
     SYNC,
     SYNC_MAGIC,
     BadArguments,
+    Empty,
     ErrorCode,
     FrameDecoder,
     Op,
     ProtocolError,
     Request,
+    StreamCancelArgs,
     encode_frame,
     error_message,
     from_wire,
@@ -40,7 +42,9 @@ from ..protocol import (
 from .context import ConnectionGone, Context, GuestError
 from .files import FileOps
 from .identity import IdentityOps
+from .process_table import ProcessTable
 from .procs import ProcessOps
+from .streams import StreamRegistry
 from .transport import (
     Disconnected,
     Transport,
@@ -49,6 +53,7 @@ from .transport import (
     VirtioPortTransport,
     find_virtio_port,
 )
+from .tunnels import TunnelOps
 
 __all__ = ["Agent", "error_for", "main"]
 
@@ -97,6 +102,9 @@ class Agent:
         self.files = FileOps()
         self.procs = ProcessOps(log_dir)
         self.identity = IdentityOps(dry_run=identity_dry_run)
+        self.streams = StreamRegistry()
+        self.processes = ProcessTable(self.streams)
+        self.tunnels = TunnelOps(self.streams)
         self._handlers: dict[Op, Handler] = {
             Op.HELLO: self.identity.hello,
             Op.EXEC: self.procs.exec,
@@ -112,7 +120,26 @@ class Agent:
             Op.PS: self.procs.ps,
             Op.KILL: self.procs.kill,
             Op.RESTORE_IDENTITY: self.identity.restore_identity,
+            Op.PROC_START: self.processes.start,
+            Op.PROC_ATTACH: self.processes.attach,
+            Op.PROC_INPUT: self.processes.input,
+            Op.PROC_CLOSE_STDIN: self.processes.close_stdin,
+            Op.PROC_SIGNAL: self.processes.signal,
+            Op.PROC_LIST: self.processes.list_processes,
+            Op.STREAM_CREDIT: self.streams.credit,
+            Op.STREAM_CANCEL: self._cancel_stream,
+            Op.TUNNEL_OPEN: self.tunnels.open,
+            Op.TUNNEL_WRITE: self.tunnels.write,
+            Op.TUNNEL_SHUTDOWN: self.tunnels.shutdown,
+            Op.MAKE_DIR: self.files.make_dir,
+            Op.RENAME: self.files.rename,
         }
+
+    def _cancel_stream(self, ctx: Context, args: StreamCancelArgs) -> Empty:
+        """Detach a process stream, or close a tunnel (also one whose stream has ended)."""
+        self.streams.cancel(ctx.generation, args.request_id)
+        self.tunnels.close((ctx.generation, args.request_id))
+        return Empty()
 
     # -- writing -----------------------------------------------------------------------
 
@@ -139,6 +166,8 @@ class Agent:
             if answer_sync:
                 self._transport.send(SYNC_MAGIC)
         self.files.abort_stale(self._generation)
+        self.streams.drop_stale(self._generation)
+        self.tunnels.drop_stale(self._generation)
 
     # -- reading -----------------------------------------------------------------------
 

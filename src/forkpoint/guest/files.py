@@ -1,4 +1,5 @@
-"""File ops: read (streamed in chunks), chunked atomic upload, list, stat, remove.
+"""File ops: read (streamed in chunks), chunked atomic upload, list, stat, remove, make_dir,
+rename.
 
 Memory stays bounded by one chunk per request in flight: downloads stream ``chunk``
 events, uploads arrive as ``write_chunk`` requests written with ``pwrite`` to a temp file
@@ -22,11 +23,15 @@ from ..protocol import (
     Empty,
     ErrorCode,
     EventKind,
+    ListDirArgs,
     ListDirResult,
+    MakeDirArgs,
+    MakeDirResult,
     PathArgs,
     ReadFileResult,
     RemoveArgs,
     RemoveResult,
+    RenameArgs,
     StatArgs,
     StatResult,
     WriteBeginArgs,
@@ -38,8 +43,11 @@ from ..protocol import (
     WriteHandleArgs,
 )
 from .context import ConnectionGone, Context, GuestError
+from .users import Account, account, chown_to, group_name, may_write, owner_name
 
-__all__ = ["FileOps", "file_type"]
+__all__ = ["MAX_LIST_ENTRIES", "FileOps", "file_type", "make_dirs"]
+
+MAX_LIST_ENTRIES = 10_000  # keeps a listing's answer well under the frame limit
 
 
 def file_type(mode: int) -> str:
@@ -60,6 +68,7 @@ class _Upload:
     fd: int
     mode: int
     generation: int
+    owner: Account | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
 
@@ -100,17 +109,19 @@ class FileOps:
         """Create the temp file (and parent directories with ``make_parents``)."""
         if os.path.isdir(args.path):
             raise IsADirectoryError(21, "Is a directory", args.path)
+        owner = account(args.user) if args.user is not None else None
         parent = os.path.dirname(args.path) or "/"
         if args.make_parents:
-            os.makedirs(parent, exist_ok=True)
+            make_dirs(parent, owner)
         elif not os.path.isdir(parent):
             raise FileNotFoundError(2, "No such file or directory", parent)
         fd, tmp_path = tempfile.mkstemp(
             dir=parent, prefix=f".{os.path.basename(args.path)}.", suffix=".fpupload"
         )
         handle = uuid.uuid4().hex
+        upload = _Upload(args.path, tmp_path, fd, args.mode, ctx.generation, owner)
         with self._lock:
-            self._uploads[handle] = _Upload(args.path, tmp_path, fd, args.mode, ctx.generation)
+            self._uploads[handle] = upload
         return WriteBeginResult(handle=handle)
 
     def _upload(self, handle: str) -> _Upload:
@@ -147,6 +158,8 @@ class FileOps:
                         ErrorCode.INVALID_INPUT,
                         f"upload incomplete: got {size} bytes, expected {args.size}",
                     )
+                if upload.owner is not None:
+                    os.fchown(upload.fd, upload.owner.uid, upload.owner.gid)
                 os.fchmod(upload.fd, upload.mode)
                 os.replace(upload.tmp_path, upload.path)
             except BaseException:
@@ -173,29 +186,40 @@ class FileOps:
             with upload.lock:
                 upload.discard()
 
-    def list_dir(self, ctx: Context, args: PathArgs) -> ListDirResult:
-        """Entries sorted by name (not following symlinks)."""
+    def list_dir(self, ctx: Context, args: ListDirArgs) -> ListDirResult:
+        """Entries sorted by path (not following symlinks), ``depth`` levels deep, at most
+        ``MAX_LIST_ENTRIES``."""
         entries: list[DirEntry] = []
-        with os.scandir(args.path) as it:
-            for e in it:
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                entries.append(
-                    DirEntry(
-                        name=e.name,
-                        type=file_type(st.st_mode),
-                        size=st.st_size,
-                        mode=stat_mod.S_IMODE(st.st_mode),
-                        mtime_ns=st.st_mtime_ns,
-                    )
-                )
-        entries.sort(key=lambda d: d.name)
+        names = _Names()
+        todo = [(args.path, 1)]
+        while todo:
+            directory, level = todo.pop()
+            try:
+                it = os.scandir(directory)
+            except OSError:
+                if directory == args.path:
+                    raise
+                continue  # a subdirectory we may not read, or gone meanwhile
+            with it:
+                for e in it:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if len(entries) >= MAX_LIST_ENTRIES:
+                        raise GuestError(
+                            ErrorCode.TOO_LARGE,
+                            f"more than {MAX_LIST_ENTRIES} entries under {args.path}",
+                        )
+                    entries.append(_entry(e.path, e.name, st, names))
+                    if level < args.depth and stat_mod.S_ISDIR(st.st_mode):
+                        todo.append((e.path, level + 1))
+        entries.sort(key=lambda d: d.path or d.name)
         return ListDirResult(entries=entries)
 
     def stat(self, ctx: Context, args: StatArgs) -> StatResult:
         st = os.stat(args.path, follow_symlinks=args.follow_symlinks)
+        names = _Names()
         return StatResult(
             path=args.path,
             type=file_type(st.st_mode),
@@ -204,7 +228,33 @@ class FileOps:
             mtime_ns=st.st_mtime_ns,
             uid=st.st_uid,
             gid=st.st_gid,
+            owner=names.owner(st.st_uid),
+            group=names.group(st.st_gid),
+            target=_link_target(args.path, st),
         )
+
+    def make_dir(self, ctx: Context, args: MakeDirArgs) -> MakeDirResult:
+        """Create the directory and missing parents (owned by ``user``). Raises
+        FileExistsError when a non-directory is in the way."""
+        owner = account(args.user) if args.user is not None else None
+        if os.path.isdir(args.path):
+            return MakeDirResult(created=False)
+        return MakeDirResult(created=bool(make_dirs(args.path, owner, args.mode)))
+
+    def rename(self, ctx: Context, args: RenameArgs) -> Empty:
+        """Move ``src`` to ``dst``; with ``user``, only where that user may write."""
+        if args.user is not None:
+            acct = account(args.user)
+            for path in (args.src, args.dst):
+                directory = os.path.dirname(path.rstrip("/")) or "/"
+                if os.path.isdir(directory) and not may_write(acct, directory):
+                    raise GuestError(
+                        ErrorCode.PERMISSION_DENIED,
+                        f"user {acct.name} may not write to {directory}",
+                    )
+        os.lstat(args.src)  # FileNotFoundError names src, not dst
+        os.rename(args.src, args.dst)
+        return Empty()
 
     def remove(self, ctx: Context, args: RemoveArgs) -> RemoveResult:
         st = os.lstat(args.path)
@@ -224,3 +274,62 @@ class FileOps:
             return RemoveResult(path=args.path, type="dir")
         os.unlink(args.path)
         return RemoveResult(path=args.path, type=file_type(st.st_mode))
+
+
+def make_dirs(path: str, owner: Account | None, mode: int = 0o755) -> list[str]:
+    """``mkdir -p``; the directories it creates belong to ``owner``. Returns them."""
+    missing: list[str] = []
+    current = os.path.normpath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+            continue
+        chown_to(directory, owner)
+    return missing
+
+
+class _Names:
+    """uid/gid -> name lookups, cached for one request."""
+
+    def __init__(self) -> None:
+        self._owners: dict[int, str] = {}
+        self._groups: dict[int, str] = {}
+
+    def owner(self, uid: int) -> str:
+        if uid not in self._owners:
+            self._owners[uid] = owner_name(uid)
+        return self._owners[uid]
+
+    def group(self, gid: int) -> str:
+        if gid not in self._groups:
+            self._groups[gid] = group_name(gid)
+        return self._groups[gid]
+
+
+def _link_target(path: str, st: os.stat_result) -> str | None:
+    if not stat_mod.S_ISLNK(st.st_mode):
+        return None
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _entry(path: str, name: str, st: os.stat_result, names: _Names) -> DirEntry:
+    return DirEntry(
+        name=name,
+        type=file_type(st.st_mode),
+        size=st.st_size,
+        mode=stat_mod.S_IMODE(st.st_mode),
+        mtime_ns=st.st_mtime_ns,
+        path=path,
+        owner=names.owner(st.st_uid),
+        group=names.group(st.st_gid),
+        target=_link_target(path, st),
+    )

@@ -24,7 +24,7 @@ from ..protocol import (
 )
 from .context import Context, GuestError
 
-__all__ = ["DEFAULT_PATH", "ProcessOps", "command_env"]
+__all__ = ["DEFAULT_PATH", "ProcessOps", "command_env", "start_error"]
 
 DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _READ_BYTES: Final = 64 * 1024
@@ -54,7 +54,7 @@ def _default_cwd() -> str:
     return "/root" if os.path.isdir("/root") and os.access("/root", os.X_OK) else "/"
 
 
-def _start_error(e: OSError, argv: list[str], cwd: str) -> GuestError:
+def start_error(e: OSError, argv: list[str], cwd: str) -> GuestError:
     """Why Popen failed, naming the command or the working directory."""
     what = f"working directory {cwd}" if e.filename == cwd else f"command {argv[0]!r}"
     if isinstance(e, FileNotFoundError):
@@ -112,7 +112,7 @@ class ProcessOps:
                 start_new_session=True,  # its own process group: a timeout kills all of it
             )
         except OSError as e:
-            raise _start_error(e, argv, cwd) from None
+            raise start_error(e, argv, cwd) from None
         try:
             out, err, timed_out = self._pump(ctx, proc, args, started)
         finally:
@@ -253,7 +253,7 @@ class ProcessOps:
                 )
             except OSError as e:
                 os.unlink(tmp_log)
-                raise _start_error(e, argv, cwd) from None
+                raise start_error(e, argv, cwd) from None
         log_path = os.path.join(self.log_dir, f"{proc.pid}.log")
         os.replace(tmp_log, log_path)  # the command keeps writing through its open fd
         # Reap it when it exits (no zombie while the agent lives); if the agent dies

@@ -32,7 +32,8 @@ __all__ = [
 
 #: Bump when the layout or build steps change in a way the other fields do not capture.
 FORMAT_VERSION = 2
-DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps")
+# sudo: the guest's ``user`` account (images/account.py) has passwordless sudo, as on E2B.
+DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps", "sudo")
 DEFAULT_KERNEL_PACKAGE = "linux-image-cloud-amd64"
 #: Size of the root filesystem in bytes (2 GiB).
 DEFAULT_DISK_SIZE = 2 * 1024**3
@@ -84,7 +85,7 @@ def guest_files() -> list[tuple[str, Path]]:
 
 # The builder modules whose code decides what lands in an image (initramfs modules and
 # /init, rootfs layout): editing them must give a new hash, like editing the agent does.
-_BUILDER_MODULES = ("cpio.py", "initramfs.py", "kernel.py", "rootfs.py")
+_BUILDER_MODULES = ("account.py", "cpio.py", "initramfs.py", "kernel.py", "rootfs.py")
 
 
 def guest_files_digest() -> str:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from forkpoint.errors import ImageBuildError, UnknownPackage
+from forkpoint.images.account import add_guest_user
 from forkpoint.images.recipe import Recipe, guest_files, host_suite
 from forkpoint.images.tmpdirs import remove_tree
 
@@ -321,6 +322,7 @@ def build_rootfs(
             "unpacking the base system",
         )
         install_guest_files(tree)
+        add_guest_user(tree)
         if log is not None:
             log("creating ext4 filesystem and qcow2 disk")
         make_disk(tree, out, recipe.disk_size)

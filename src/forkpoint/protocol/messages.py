@@ -4,8 +4,8 @@
 - response ``{"id": int|null, "ok": true, "result": {...}}`` or
   ``{"id": int|null, "ok": false, "error": {"code": str, "message": str}}``
   (``id`` is null only when the agent could not read the request's id)
-- event    ``{"id": int, "event": "stdout"|"stderr"|"chunk", "data": <base64>}``, sent
-  for a request before its final response.
+- event    ``{"id": int, "event": <EventKind>, "data": <base64>}``, sent for a request
+  before its final response.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class ErrorCode(StrEnum):
     INVALID_INPUT = "invalid_input"  # bad args, path is a directory / not a directory, ...
     NOT_FOUND = "not_found"  # missing path, command, working directory or process
     PERMISSION_DENIED = "permission_denied"
+    CONFLICT = "conflict"  # wrong state, e.g. stdin of a process started without it
     TIMEOUT = "timeout"  # exec ran past its timeout; its process group was killed
     TOO_LARGE = "too_large"  # a frame or result exceeds the protocol limits
     PROTOCOL_ERROR = "protocol_error"  # malformed frame or message
@@ -59,6 +60,8 @@ class EventKind(StrEnum):
     STDOUT = "stdout"
     STDERR = "stderr"
     CHUNK = "chunk"
+    START = "start"  # a process started (data: its pid in ASCII) or a tunnel connected
+    DATA = "data"  # bytes from the guest end of a tunnel
 
 
 @dataclass(frozen=True, slots=True)

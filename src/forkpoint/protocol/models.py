@@ -24,6 +24,25 @@ __all__ = [
     "HelloResult",
     "KillArgs",
     "ListDirArgs",
+    "MakeDirArgs",
+    "MakeDirResult",
+    "PidArgs",
+    "ProcEndResult",
+    "ProcInputArgs",
+    "ProcListResult",
+    "ProcSignalArgs",
+    "ProcStartArgs",
+    "ProcAttachArgs",
+    "RenameArgs",
+    "StreamCancelArgs",
+    "StreamCreditArgs",
+    "TrackedProcessInfo",
+    "TunnelArgs",
+    "TunnelEndResult",
+    "TunnelOpenArgs",
+    "TunnelWriteArgs",
+    "STREAM_WINDOW_BYTES",
+    "STREAM_READ_BYTES",
     "ListDirResult",
     "Op",
     "PathArgs",
@@ -51,6 +70,12 @@ __all__ = [
 CHUNK_BYTES: Final = 256 * 1024  # file data per chunk event / write_chunk request
 EXEC_MAX_OUTPUT_BYTES: Final = 1024 * 1024  # collected stdout (and stderr) cap per exec
 MAX_ENTROPY_BYTES: Final = 4096
+# Flow control of long-lived streams (process output, tunnels): the agent sends at most
+# this many bytes a stream's host has not yet acknowledged with stream_credit, plus one read.
+STREAM_WINDOW_BYTES: Final = 1024 * 1024
+STREAM_READ_BYTES: Final = 64 * 1024  # the most one stdout/stderr/data event carries
+MAX_LIST_DEPTH: Final = 16
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
 _HOSTNAME_RE = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*$")
 _MIN_TIME_NS = 946_684_800 * 10**9  # 2000-01-01: anything earlier is a bug on the host
 _MAX_TIME_NS = 7_258_118_400 * 10**9  # 2200-01-01
@@ -71,6 +96,22 @@ class Op(StrEnum):
     PS = "ps"
     KILL = "kill"
     RESTORE_IDENTITY = "restore_identity"
+    # the envd-like process model: processes the agent owns, streams one can re-attach to
+    PROC_START = "proc_start"
+    PROC_ATTACH = "proc_attach"
+    PROC_INPUT = "proc_input"
+    PROC_CLOSE_STDIN = "proc_close_stdin"
+    PROC_SIGNAL = "proc_signal"
+    PROC_LIST = "proc_list"
+    # flow control and cancellation of a stream (proc_start/proc_attach/tunnel_open)
+    STREAM_CREDIT = "stream_credit"
+    STREAM_CANCEL = "stream_cancel"
+    # a TCP connection to 127.0.0.1:port in the guest, carried over this channel
+    TUNNEL_OPEN = "tunnel_open"
+    TUNNEL_WRITE = "tunnel_write"
+    TUNNEL_SHUTDOWN = "tunnel_shutdown"
+    MAKE_DIR = "make_dir"
+    RENAME = "rename"
 
 
 def _check_path(path: str, what: str = "path") -> None:
@@ -96,6 +137,16 @@ def _check_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if not k or "=" in k or "\x00" in k or "\x00" in v:
             raise ValueError(f"invalid environment variable name or value: {k!r}")
+
+
+def _check_user(user: str | None) -> None:
+    if user is not None and not _USER_RE.match(user):
+        raise ValueError(f"invalid user name: {user!r}")
+
+
+def _check_window(window: int) -> None:
+    if not STREAM_READ_BYTES <= window <= 64 * STREAM_WINDOW_BYTES:
+        raise ValueError(f"window must be {STREAM_READ_BYTES}..{64 * STREAM_WINDOW_BYTES} bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +263,19 @@ class PathArgs:
 
 
 ReadFileArgs = PathArgs
-ListDirArgs = PathArgs
+
+
+@dataclass(frozen=True, slots=True)
+class ListDirArgs:
+    """``depth`` 1: the directory's entries; 2: also its subdirectories' entries, ..."""
+
+    path: str
+    depth: int = 1
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+        if not 1 <= self.depth <= MAX_LIST_DEPTH:
+            raise ValueError(f"depth must be 1..{MAX_LIST_DEPTH}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +292,13 @@ class WriteBeginArgs:
     path: str
     mode: int = 0o644
     make_parents: bool = True
+    user: str | None = None  # the file (and parents it creates) belong to this user
 
     def __post_init__(self) -> None:
         _check_path(self.path)
         if not 0 <= self.mode <= 0o7777:
             raise ValueError("mode must be between 0 and 0o7777")
+        _check_user(self.user)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,13 +345,21 @@ class WriteHandleArgs:
 
 @dataclass(frozen=True, slots=True)
 class DirEntry:
-    """``type``: file, dir, symlink or other. ``mtime_ns`` in ns since the epoch."""
+    """``type``: file, dir, symlink or other. ``mtime_ns`` in ns since the epoch.
+
+    ``mode``: the permission bits. Newer agents also fill ``path`` (absolute), ``owner``
+    and ``group`` (names, or the number when it has none) and ``target`` (a symlink's).
+    """
 
     name: str
     type: str
     size: int
     mode: int
     mtime_ns: int
+    path: str | None = None
+    owner: str | None = None
+    group: str | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +385,9 @@ class StatResult:
     mtime_ns: int
     uid: int
     gid: int
+    owner: str | None = None  # as in DirEntry
+    group: str | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +473,195 @@ class RestoreIdentityResult:
     dry_run: bool
 
 
+@dataclass(frozen=True, slots=True)
+class MakeDirArgs:
+    """Create a directory and its parents (those it creates belong to ``user``)."""
+
+    path: str
+    user: str | None = None
+    mode: int = 0o755
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+        _check_user(self.user)
+        if not 0 <= self.mode <= 0o7777:
+            raise ValueError("mode must be between 0 and 0o7777")
+
+
+@dataclass(frozen=True, slots=True)
+class MakeDirResult:
+    """``created``: False when the directory already existed."""
+
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RenameArgs:
+    """Move ``src`` to ``dst`` (replacing a file there); with ``user``, only if that user
+    may write both directories."""
+
+    src: str
+    dst: str
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_path(self.src, "src")
+        _check_path(self.dst, "dst")
+        _check_user(self.user)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStartArgs:
+    """Start a process the agent owns (see ``guest/processes.py``).
+
+    Streams a ``start`` event (data: the pid in ASCII), then ``stdout``/``stderr``, and
+    answers with :class:`ProcEndResult`. ``timeout`` (s, None: none) bounds its life, even
+    with nobody attached. ``stdin``: keep stdin open for ``proc_input``, else /dev/null.
+    ``user``: run as that user (its groups, HOME, default cwd = its home).
+    """
+
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    stdin: bool = False
+    tag: str | None = None
+    timeout: float | None = None
+    window: int = STREAM_WINDOW_BYTES
+
+    def __post_init__(self) -> None:
+        _check_command(self.argv, None)
+        if self.cwd is not None:
+            _check_path(self.cwd, "cwd")
+        _check_env(self.env)
+        _check_user(self.user)
+        _check_window(self.window)
+        if self.tag is not None and len(self.tag) > 256:
+            raise ValueError("tag must be at most 256 characters")
+        if self.timeout is not None and not 0 < self.timeout <= 30 * 86400:
+            raise ValueError("timeout must be > 0 and at most 30 days (seconds)")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcAttachArgs:
+    """Stream a process's output again: ``start``, new output, then the result."""
+
+    pid: int
+    window: int = STREAM_WINDOW_BYTES
+
+    def __post_init__(self) -> None:
+        _check_window(self.window)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcEndResult:
+    """How a proc_start/proc_attach stream ended. ``ended`` False: it was cancelled (the
+    process runs on). ``exit_code`` is 128+N when signal N killed it."""
+
+    pid: int
+    ended: bool
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PidArgs:
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInputArgs:
+    pid: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSignalArgs:
+    """Send signal number ``signal`` to the process's group."""
+
+    pid: int
+    signal: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.signal <= 64:
+            raise ValueError("signal must be 1..64")
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedProcessInfo:
+    """A process started with proc_start: running, or ended recently (exit kept)."""
+
+    pid: int
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    user: str | None
+    tag: str | None
+    stdin: bool
+    running: bool
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcListResult:
+    processes: list[TrackedProcessInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCreditArgs:
+    """The host consumed ``bytes`` more of stream ``request_id`` (this connection's)."""
+
+    request_id: int
+    bytes: int
+
+    def __post_init__(self) -> None:
+        if self.bytes <= 0:
+            raise ValueError("bytes must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCancelArgs:
+    """End stream ``request_id``: a process stream detaches (the process runs on), a
+    tunnel closes."""
+
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelOpenArgs:
+    """Connect to 127.0.0.1:``port`` in the guest. Streams ``start`` once connected,
+    then ``data`` events; answers with :class:`TunnelEndResult` at the guest side's EOF."""
+
+    port: int
+    window: int = STREAM_WINDOW_BYTES
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise ValueError("port must be 1..65535")
+        _check_window(self.window)
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelEndResult:
+    """``eof``: the guest side closed its end for writing (else it was cancelled/reset)."""
+
+    eof: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelArgs:
+    """The tunnel opened by request ``tunnel`` (its tunnel_open request id)."""
+
+    tunnel: int
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelWriteArgs:
+    tunnel: int
+    data: bytes
+
+
 OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.HELLO: (HelloArgs, HelloResult),
     Op.EXEC: (ExecArgs, ExecResult),
@@ -406,11 +671,24 @@ OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.WRITE_CHUNK: (WriteChunkArgs, WriteChunkResult),
     Op.WRITE_COMMIT: (WriteCommitArgs, WriteCommitResult),
     Op.WRITE_ABORT: (WriteHandleArgs, Empty),
-    Op.LIST_DIR: (PathArgs, ListDirResult),
+    Op.LIST_DIR: (ListDirArgs, ListDirResult),
     Op.STAT: (StatArgs, StatResult),
     Op.REMOVE: (RemoveArgs, RemoveResult),
     Op.PS: (Empty, PsResult),
     Op.KILL: (KillArgs, Empty),
     Op.RESTORE_IDENTITY: (RestoreIdentityArgs, RestoreIdentityResult),
+    Op.PROC_START: (ProcStartArgs, ProcEndResult),
+    Op.PROC_ATTACH: (ProcAttachArgs, ProcEndResult),
+    Op.PROC_INPUT: (ProcInputArgs, Empty),
+    Op.PROC_CLOSE_STDIN: (PidArgs, Empty),
+    Op.PROC_SIGNAL: (ProcSignalArgs, Empty),
+    Op.PROC_LIST: (Empty, ProcListResult),
+    Op.STREAM_CREDIT: (StreamCreditArgs, Empty),
+    Op.STREAM_CANCEL: (StreamCancelArgs, Empty),
+    Op.TUNNEL_OPEN: (TunnelOpenArgs, TunnelEndResult),
+    Op.TUNNEL_WRITE: (TunnelWriteArgs, Empty),
+    Op.TUNNEL_SHUTDOWN: (TunnelArgs, Empty),
+    Op.MAKE_DIR: (MakeDirArgs, MakeDirResult),
+    Op.RENAME: (RenameArgs, Empty),
 }
 """Args and result model of each op."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
+from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
 from forkpoint.errors import Conflict, ForkpointError, InternalError, NotFound
 from forkpoint.images import Image, get_image
@@ -30,12 +31,15 @@ from forkpoint.models import (
     CheckpointKind,
     CommandResult,
     FileEntry,
+    FileStat,
     Network,
     OutputEncoding,
     Port,
     Process,
+    ProcessEvent,
     Session,
     SessionState,
+    TrackedProcess,
 )
 from forkpoint.store import (
     CheckpointRecord,
@@ -62,6 +66,7 @@ from forkpoint.vm.disk import blank_overlay_of, create_overlay
 from forkpoint.vm.net import passt_log, start_passt, stop_passt
 from forkpoint.vm.process import is_running, kill_and_wait, pids_with_arg
 
+from . import processes
 from .machines import (
     AGENT_READY_TIMEOUT_S,
     ResumeTogether,
@@ -685,15 +690,41 @@ class Runtime:
             return await agent.read_file_to(path, dest)
 
     async def write_file(
-        self, session: str, path: str, data: bytes | IO[bytes], mode: int = 0o644
+        self,
+        session: str,
+        path: str,
+        data: bytes | IO[bytes],
+        mode: int = 0o644,
+        *,
+        user: str | None = None,
     ) -> None:
-        """Write a guest file (parents created; streamed when ``data`` is a file)."""
+        """Write a guest file (parents created; streamed when ``data`` is a file).
+        ``user``: the file and the parents it creates belong to that guest user."""
         async with self.agent(session) as agent:
-            await agent.write_file(path, data, mode=mode)
+            await agent.write_file(path, data, mode=mode, user=user)
 
-    async def list_files(self, session: str, path: str) -> list[FileEntry]:
+    async def list_files(self, session: str, path: str, *, depth: int = 1) -> list[FileEntry]:
+        """Entries sorted by path; ``depth`` 2 adds the subdirectories' entries, ..."""
         async with self.agent(session) as agent:
-            return await agent.list_dir(path)
+            return await agent.list_dir(path, depth=depth)
+
+    async def stat(self, session: str, path: str, *, follow_symlinks: bool = True) -> FileStat:
+        """Type, size, mode, mtime, owner and group (ids and names), symlink target.
+        :raises NotFound:"""
+        async with self.agent(session) as agent:
+            return await agent.stat(path, follow_symlinks=follow_symlinks)
+
+    async def make_dir(self, session: str, path: str, user: str | None = None) -> bool:
+        """``mkdir -p``; what it creates belongs to ``user``. False if it existed.
+        :raises InvalidInput: a file is in the way; :raises NotFound: no such user."""
+        async with self.agent(session) as agent:
+            return await agent.make_dir(path, user=user)
+
+    async def rename(self, session: str, src: str, dst: str, user: str | None = None) -> None:
+        """Move ``src`` to ``dst`` (with ``user``: only where that user may write).
+        :raises NotFound: :raises InvalidInput:"""
+        async with self.agent(session) as agent:
+            await agent.rename(src, dst, user=user)
 
     async def remove_file(self, session: str, path: str) -> None:
         async with self.agent(session) as agent:
@@ -706,6 +737,74 @@ class Runtime:
     async def kill_process(self, session: str, pid: int, signal: int | str = "TERM") -> None:
         async with self.agent(session) as agent:
             await agent.kill(pid, signal)
+
+    # -- processes the agent owns (E2B's envd model; see runtime/processes.py) ---------
+
+    def start_process(
+        self,
+        session: str,
+        cmd: str,
+        args: Sequence[str] = (),
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        stdin: bool = False,
+        tag: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[ProcessEvent]:
+        """Start ``cmd args`` in the guest: events ``start`` (the pid, first), then
+        ``stdout``/``stderr`` as produced, then ``end``.
+
+        Closing the iterator early does not kill it (``attach_process`` resumes).
+        ``timeout`` (s; None/0: none) bounds its life, attached or not: its process group
+        is killed. ``user``: run as that guest user (HOME, USER, groups; cwd defaults to
+        its home); None: root. ``stdin``: keep stdin open for ``send_stdin``.
+        :raises NotFound: no such command, cwd or user (from the first ``__anext__``).
+        """
+        return processes.process_events(
+            self.agent(session),
+            lambda agent: agent.start_process(
+                [cmd, *args], cwd=cwd, env=env, user=user, stdin=stdin, tag=tag, timeout=timeout
+            ),
+        )
+
+    def attach_process(self, session: str, pid: int) -> AsyncIterator[ProcessEvent]:
+        """Re-attach: ``start``, then new output and ``end`` (at once if it has ended).
+        :raises NotFound: no process ``pid`` was started with ``start_process``."""
+        return processes.process_events(
+            self.agent(session), lambda agent: agent.attach_process(pid)
+        )
+
+    async def send_stdin(self, session: str, pid: int, data: bytes) -> None:
+        """:raises NotFound: :raises Conflict: started without stdin, or it was closed."""
+        async with self.agent(session) as agent:
+            await agent.send_stdin(pid, data)
+
+    async def close_stdin(self, session: str, pid: int) -> None:
+        """:raises NotFound: :raises Conflict: started without stdin."""
+        async with self.agent(session) as agent:
+            await agent.close_stdin(pid)
+
+    async def signal_process(self, session: str, pid: int, signal: int | str) -> None:
+        """Signal the process group of a ``start_process`` process (number or "KILL").
+        :raises NotFound: unknown, or it has ended."""
+        async with self.agent(session) as agent:
+            await agent.signal_process(pid, signal)
+
+    async def list_processes(self, session: str) -> list[TrackedProcess]:
+        """``start_process`` processes: running ones, then recently ended ones."""
+        async with self.agent(session) as agent:
+            infos = await agent.list_processes()
+        return [processes.tracked_process(i) for i in infos]
+
+    def tcp_tunnel(
+        self, session: str, guest_port: int
+    ) -> contextlib.AbstractAsyncContextManager[tuple[TunnelReader, TunnelWriter]]:
+        """A byte stream to ``127.0.0.1:guest_port`` inside the guest, over the agent
+        channel (any port, no forward, no passt restart), flow-controlled both ways.
+        :raises NotFound: nothing listens on that guest port (on enter)."""
+        return processes.tcp_tunnel(self, session, guest_port)
 
 
 def _shape_of(record: CheckpointRecord) -> tuple[int, int]:
