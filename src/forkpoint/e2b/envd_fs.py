@@ -58,15 +58,14 @@ def entry_info(path: str, entry: Any) -> dict[str, Any]:
         .isoformat()
         .replace("+00:00", "Z"),
     }
-    target = getattr(entry, "symlink_target", None)
+    target = getattr(entry, "target", None)
     if target:
         info["symlinkTarget"] = target
     return info
 
 
 async def _stat_entry(call: EnvdCall, path: str) -> dict[str, Any]:
-    async with call.runtime.agent(call.sandbox_id) as agent:
-        result = await agent.stat(path, follow_symlinks=False)
+    result = await call.runtime.stat(call.sandbox_id, path, follow_symlinks=False)
     return entry_info(path, result)
 
 
@@ -82,16 +81,8 @@ async def _list_dir(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
     top = await _stat_entry(call, root)
     if top["type"] != "FILE_TYPE_DIRECTORY":
         raise ConnectError("invalid_argument", f"path {root} is not a directory")
-    entries: list[dict[str, Any]] = []
-    pending = [(root, 1)]
-    while pending:
-        directory, level = pending.pop(0)
-        for entry in await call.runtime.list_files(call.sandbox_id, directory):
-            path = posixpath.join(directory, entry.name)
-            entries.append(entry_info(path, entry))
-            if entry.type == "dir" and level < depth:
-                pending.append((path, level + 1))
-    return {"entries": entries}
+    listed = await call.runtime.list_files(call.sandbox_id, root, depth=depth)
+    return {"entries": [entry_info(e.path or posixpath.join(root, e.name), e) for e in listed]}
 
 
 async def _make_dir(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:

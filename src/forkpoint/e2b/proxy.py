@@ -17,6 +17,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from forkpoint.errors import ForkpointError, NotFound
@@ -37,6 +38,17 @@ def parse_host(host: str) -> tuple[int, str] | None:
     if not match or not 1 <= int(match.group(1)) <= 65535:
         return None
     return int(match.group(1)), match.group(2)
+
+
+class _Reader(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class _Writer(Protocol):
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+    def can_write_eof(self) -> bool: ...
+    def write_eof(self) -> None: ...
 
 
 class _BadRequest(Exception):
@@ -105,7 +117,7 @@ class SandboxProxy:
     @contextlib.asynccontextmanager
     async def _open(
         self, target: tuple[str, int] | tuple[int, str]
-    ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    ) -> AsyncIterator[tuple[_Reader, _Writer]]:
         if isinstance(target[0], str):
             reader, writer = await asyncio.open_connection(target[0], target[1])
             try:
@@ -141,7 +153,7 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
         raise _BadRequest(431, "request head too large") from None
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def _copy(src: _Reader, dst: _Writer) -> None:
     try:
         while chunk := await src.read(_CHUNK):
             dst.write(chunk)
@@ -155,8 +167,8 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 async def _splice(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
+    up_reader: _Reader,
+    up_writer: _Writer,
 ) -> None:
     """Copy both ways until the guest side ends (then the client side is closed)."""
     upstream = asyncio.create_task(_copy(reader, up_writer))
