@@ -15,7 +15,7 @@ import signal as signals
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from forkpoint.errors import ForkpointError
+from forkpoint.errors import ForkpointError, NotFound
 
 from .connect import ConnectError, end_stream, envelope, read_envelopes
 from .context import EnvdCall, connect_error
@@ -142,6 +142,10 @@ async def streaming(call: EnvdCall, method: str, message: dict[str, Any]) -> Asy
         first = await anext(aiter(events))
     except StopAsyncIteration:
         raise ConnectError("internal", "the process ended without a start event") from None
+    except NotFound as error:
+        if method == "Start":  # a missing cwd or executable: envd says invalid_argument
+            raise ConnectError("invalid_argument", error.message) from None
+        raise connect_error(error) from None
     except ForkpointError as error:
         raise connect_error(error) from None
     return _pump(events, keepalive, first)
