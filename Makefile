@@ -3,8 +3,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 FP := $(VENV)/bin/forkpoint
+# libnss-myhostname: its postinst adds `myhostname` to the hosts line of /etc/nsswitch.conf,
+# so Python clients resolve E2B's <port>-<id>.localhost hosts to 127.0.0.1 and ::1.
 APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium passt \
-	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core
+	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core \
+	libnss-myhostname
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 

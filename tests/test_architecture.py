@@ -38,9 +38,13 @@ ALLOWED: dict[str, set[str]] = {
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
     "sdk": {"models", "runtime", "server", "protocol", "errors", "config"},
     "server": {"models", "requests", "runtime", "protocol", "errors", "config"},
+    # the E2B gateway: like server, plus its own table in the store (store/e2b.py)
+    "e2b": {"models", "requests", "runtime", "store", "errors", "config"},
     "mcp": {"models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors", "config"},
     "demo": {"models", "runtime", "sdk", "browser", "agent_client", "protocol", "errors", "config"},
     "bench": {
+        "e2b",
+        "server",
         "models",
         "runtime",
         "vm",

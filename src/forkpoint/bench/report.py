@@ -94,6 +94,7 @@ def build_result(
     quick: bool = False,
     wall_s: float | None = None,
     cli: Mapping[str, Summary] | None = None,
+    e2b: Mapping[str, Summary] | None = None,
 ) -> dict[str, Any]:
     """Assemble ``bench.json`` and judge every operation against its target."""
     op_out: dict[str, Any] = {}
@@ -126,6 +127,8 @@ def build_result(
             ls = result["cli"]["ls"]
             ls["target_ms"] = TARGETS["cli_ls"]
             ls["meets_target"] = ls["p50_ms"] <= TARGETS["cli_ls"]
+    if e2b:
+        result["e2b"] = {name: dict(summary) for name, summary in e2b.items()}
     if wall_s is not None:
         result["wall_s"] = round(wall_s, 1)
     return result
@@ -223,6 +226,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             f"{_ms(row['checkpoint_p50_ms'])} |"
         )
     lines += _cli_lines(result.get("cli", {}))
+    lines += _e2b_lines(result.get("e2b", {}))
     memory = result["memory"]
     total = memory.get("fork20_total_mib")
     lines += ["", "## Memory", ""]
@@ -247,6 +251,30 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     if "wall_s" in result:
         lines.append(f"- bench wall time: {result['wall_s']:.0f} s")
     return "\n".join(lines) + "\n"
+
+
+def _e2b_lines(e2b: Mapping[str, Any]) -> list[str]:
+    if not e2b:
+        return []
+    lines = [
+        "",
+        "## E2B",
+        "",
+        "The official `e2b` SDK (`AsyncSandbox`) against `forkpoint serve --e2b`'s gateway.",
+        "",
+        "| operation | p50 | p95 | n |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, label in (
+        ("create_first_command", "E2B create → first command result"),
+        ("fork3", "E2B fork x3"),
+    ):
+        entry = e2b.get(name)
+        if entry is not None:
+            lines.append(
+                f"| {label} | {_ms(entry['p50_ms'])} | {_ms(entry['p95_ms'])} | {entry['n']} |"
+            )
+    return lines
 
 
 def _cli_lines(cli: Mapping[str, Any]) -> list[str]:

@@ -30,6 +30,7 @@ from forkpoint.runtime.machines import boot_files
 from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
 from .baselines import Baselines
+from .e2b import measure_e2b
 from .report import build_result
 from .stats import Summary, summarize
 
@@ -190,6 +191,7 @@ class Suite:
             "rollback", plan.reps, lambda: self._rollback_once(server.id, checkpoint.id, url)
         )
         cli = await self._cli_overhead(server.id)
+        e2b = await measure_e2b(self.runtime, plan.reps, self.log)
 
         baselines = await self._baselines(shape, boot, image, checkpoint.id)
         await self._remove_sessions([server])
@@ -209,6 +211,7 @@ class Suite:
             quick=plan == Plan.quick(),
             wall_s=time.perf_counter() - started,
             cli=cli,
+            e2b=e2b,
         )
         return result
 

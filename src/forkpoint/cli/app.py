@@ -17,7 +17,17 @@ app = typer.Typer(
 
 def _register_all() -> None:
     # Imported here so each area's module stays independent of the others.
-    from forkpoint.cli import bench, browser, checkpoints, demo, guest, images, serve, sessions
+    from forkpoint.cli import (
+        bench,
+        browser,
+        checkpoints,
+        demo,
+        e2b,
+        guest,
+        images,
+        serve,
+        sessions,
+    )
 
     images.register(app)
     sessions.register(app)
@@ -27,6 +37,7 @@ def _register_all() -> None:
     demo.register(app)
     bench.register(app)
     serve.register(app)
+    e2b.register(app)
 
 
 def main() -> None:

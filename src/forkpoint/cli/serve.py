@@ -37,6 +37,18 @@ def serve_command(
         typer.Option("--allow-remote", help="Allow a non-loopback --host."),
     ] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+    e2b: Annotated[
+        bool,
+        typer.Option("--e2b", help="Serve the E2B API instead (default port 3000; see README)."),
+    ] = False,
+    proxy_port: Annotated[
+        int | None,
+        typer.Option("--proxy-port", min=0, max=65535, help="With --e2b: sandbox ports (P+1)."),
+    ] = None,
+    e2b_timeout: Annotated[
+        int,
+        typer.Option("--e2b-timeout", min=1, help="With --e2b: default sandbox timeout (s)."),
+    ] = 300,
 ) -> None:
     """Serve the REST API (/v1, OpenAPI at /v1/openapi.json) until interrupted.
 
@@ -53,6 +65,19 @@ def serve_command(
             f"refusing to listen on non-loopback address {host}; pass --allow-remote to expose "
             "the API beyond this machine (it stays token-protected)"
         )
+    if e2b:
+        from forkpoint.cli.e2b import serve_e2b
+
+        if socket_path is not None:
+            raise InvalidInput("--e2b serves on TCP: use --port, not --socket")
+        signal.signal(signal.SIGTERM, _raise_exit)
+        serve_e2b(
+            host=host, port=port, proxy_port=proxy_port, timeout_s=e2b_timeout,
+            log_level=log_level,
+        )  # fmt: skip
+        return
+    if proxy_port is not None:
+        raise InvalidInput("--proxy-port applies to --e2b only")
     if port is None and host != "127.0.0.1":
         raise InvalidInput("--host applies to --port only")
     # From here on SIGTERM unwinds (finally blocks run): the socket file gets removed.

@@ -302,6 +302,12 @@ class Runtime:
         remove_session_files(files)
         self.gc()
 
+    async def stop(self, session: str) -> Session:
+        """Kill the session's VM, keeping the session (``stopped``) to roll back later."""
+        from .stop import stop_session
+
+        return await stop_session(self, session)
+
     # -- checkpoint --------------------------------------------------------------------
 
     async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:

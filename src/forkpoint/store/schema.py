@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 
 from forkpoint.errors import Conflict, InternalError
 
+from .e2b_schema import migrate_e2b
+
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "schema_version"]
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -99,7 +101,7 @@ def _v2_templates(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_core, _v2_templates)
+MIGRATIONS: tuple[Migration, ...] = (_v1_core, _v2_templates, migrate_e2b)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,113 @@
+"""``forkpoint serve --e2b`` (the gateway) and ``forkpoint e2b env``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from typing import Annotated
+
+import typer
+
+from forkpoint.cli.output import err_console, reports_errors
+from forkpoint.errors import InvalidInput
+
+__all__ = ["DEFAULT_E2B_PORT", "e2b_env", "register", "serve_e2b"]
+
+DEFAULT_E2B_PORT = 3000
+
+e2b_app = typer.Typer(help="Use forkpoint from E2B code (the official `e2b` SDK).")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(e2b_app, name="e2b")
+
+
+def e2b_env(port: int, proxy_port: int | None, token: str) -> dict[str, str]:
+    """The variables that point the ``e2b`` SDK at ``forkpoint serve --e2b``."""
+    api = f"http://127.0.0.1:{port}"
+    return {
+        "E2B_API_KEY": token,
+        "E2B_API_URL": api,
+        "E2B_SANDBOX_URL": api,
+        "E2B_DOMAIN": f"localhost:{proxy_port or port + 1}",
+    }
+
+
+@e2b_app.command("env")
+@reports_errors
+def env_command(
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="The gateway's port.")] = (
+        DEFAULT_E2B_PORT
+    ),
+    proxy_port: Annotated[
+        int | None, typer.Option("--proxy-port", min=1, max=65535, help="Default: port + 1.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the variables as JSON.")] = False,
+) -> None:
+    """Print `export E2B_…` lines for `eval "$(forkpoint e2b env)"`."""
+    from forkpoint.config import home
+
+    token_path = home().root / "token"
+    if not token_path.exists():
+        raise InvalidInput(f"no API token at {token_path}: start `forkpoint serve --e2b` first")
+    variables = e2b_env(port, proxy_port, token_path.read_text().strip())
+    if as_json:
+        sys.stdout.write(json.dumps(variables, indent=2) + "\n")
+        return
+    for key, value in variables.items():
+        sys.stdout.write(f"export {key}={shlex.quote(value)}\n")
+
+
+def serve_e2b(
+    *,
+    host: str,
+    port: int | None,
+    proxy_port: int | None,
+    timeout_s: int,
+    log_level: str,
+) -> None:
+    """Serve the gateway until interrupted (the caller checked ``host``)."""
+    import socket
+
+    from forkpoint.e2b import GatewayConfig, TokenFile, run_gateway
+    from forkpoint.errors import Conflict
+    from forkpoint.runtime import Runtime
+    from forkpoint.server import bind_tcp
+
+    api_port = DEFAULT_E2B_PORT if port is None else port
+    api_socket = bind_tcp(host, api_port)
+    api_port = api_socket.getsockname()[1]
+    proxy_sockets: list[socket.socket] = [
+        bind_tcp(host, proxy_port if proxy_port is not None else api_port + 1)
+    ]
+    bound_proxy = proxy_sockets[0].getsockname()[1]
+    if host == "127.0.0.1":  # *.localhost resolves to 127.0.0.1 and ::1 (myhostname)
+        try:
+            proxy_sockets.append(bind_tcp("::1", bound_proxy))
+        except (Conflict, OSError):
+            pass  # no IPv6 here: IPv4 alone serves
+    runtime = Runtime.open()
+    token_path = runtime.home.root / "token"
+    if not token_path.exists():
+        from forkpoint.server import write_token
+
+        write_token(token_path)
+    config = GatewayConfig(domain=f"localhost:{bound_proxy}", default_timeout_s=timeout_s)
+    err_console.print(
+        f"forkpoint E2B gateway: API + envd on http://{host}:{api_port}, sandbox ports on "
+        f"{host}:{bound_proxy} (API key in {token_path}); "
+        f'eval "$(forkpoint e2b env --port {api_port} --proxy-port {bound_proxy})"',
+        markup=False,
+        highlight=False,
+    )
+    try:
+        asyncio.run(
+            run_gateway(
+                runtime, config, api_socket, proxy_sockets, TokenFile(token_path),
+                log_level=log_level,
+            )
+        )  # fmt: skip
+    finally:
+        runtime.close()

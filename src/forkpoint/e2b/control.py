@@ -1,0 +1,207 @@
+"""The E2B control plane (``e2b`` 2.63's REST API) on :class:`Sandboxes`.
+
+Status codes are exactly those the SDK's generated parsers expect (201 for create and
+fork, 200/201 for connect, 204 for kill, pause and timeouts). Errors are E2B's
+``{"code": <int>, "message": "..."}``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+from urllib.parse import parse_qsl, unquote
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
+
+from forkpoint.errors import Conflict, ForkpointError
+
+from .sandboxes import Sandbox, Sandboxes
+from .wire import (
+    ApiError,
+    ConnectBody,
+    ForkBody,
+    ForkResult,
+    Lifecycle,
+    ListedSandbox,
+    NewSandbox,
+    PauseBody,
+    RollbackBody,
+    SandboxDetail,
+    SandboxOut,
+    SnapshotBody,
+    SnapshotInfo,
+    TimeoutBody,
+)
+
+__all__ = ["CLIENT_ID", "api_error", "control_router"]
+
+CLIENT_ID = "forkpoint"
+_DISK_MB = 4096
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+
+
+def _out(sandboxes: Sandboxes, sandbox: Sandbox) -> SandboxOut:
+    return SandboxOut(
+        templateID=sandbox.record.template, sandboxID=sandbox.id, clientID=CLIENT_ID,
+        envdVersion=sandboxes.config.envd_version, alias=sandbox.record.template,
+        envdAccessToken=sandbox.record.access_token, domain=sandboxes.config.domain,
+    )  # fmt: skip
+
+
+def _listed(sandboxes: Sandboxes, sandbox: Sandbox) -> ListedSandbox:
+    r = sandbox.record
+    return ListedSandbox(
+        templateID=r.template, sandboxID=sandbox.id, clientID=CLIENT_ID,
+        startedAt=_iso(r.started_at), endAt=_iso(r.end_at), cpuCount=sandbox.session.cpus,
+        memoryMB=sandbox.session.memory_mib, diskSizeMB=_DISK_MB,
+        state="paused" if sandbox.paused else "running",
+        envdVersion=sandboxes.config.envd_version, alias=r.template, metadata=r.metadata,
+    )  # fmt: skip
+
+
+def _snapshot(checkpoint_id: str, name: str | None) -> SnapshotInfo:
+    return SnapshotInfo(snapshotID=name or checkpoint_id, names=[name] if name else [])
+
+
+def control_router(sandboxes: Sandboxes) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v2/sandboxes", status_code=201, response_model=SandboxOut)
+    async def create(body: NewSandbox) -> SandboxOut:
+        sandbox = await sandboxes.create(
+            body.templateID, timeout_s=body.timeout, metadata=body.metadata,
+            env_vars=body.envVars, auto_pause=body.autoPause,
+            internet=body.allow_internet_access,
+        )  # fmt: skip
+        return _out(sandboxes, sandbox)
+
+    @router.get("/v2/sandboxes", response_model=list[ListedSandbox])
+    async def list_sandboxes(
+        response: Response,
+        state: str | None = None,
+        metadata: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        nextToken: str | None = None,
+    ) -> list[ListedSandbox]:
+        wanted = set(state.split(",")) if state else {"running", "paused"}
+        filters = {unquote(k): unquote(v) for k, v in parse_qsl(metadata or "")}
+        found = [
+            _listed(sandboxes, s)
+            for s in sandboxes.all()
+            if ("paused" if s.paused else "running") in wanted
+            and all(s.record.metadata.get(k) == v for k, v in filters.items())
+        ]
+        start = int(nextToken) if nextToken and nextToken.isdigit() else 0
+        page = found[start : start + limit]
+        if start + limit < len(found):
+            response.headers["x-next-token"] = str(start + limit)
+        return page
+
+    @router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
+    async def info(sandbox_id: str) -> SandboxDetail:
+        sandbox = sandboxes.get(sandbox_id)
+        r = sandbox.record
+        return SandboxDetail(
+            **_listed(sandboxes, sandbox).model_dump(),
+            envdAccessToken=r.access_token, domain=sandboxes.config.domain,
+            allowInternetAccess=sandbox.session.network == "user",
+            lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if r.auto_pause else "kill"),
+        )  # fmt: skip
+
+    @router.delete("/sandboxes/{sandbox_id}", status_code=204)
+    async def kill(sandbox_id: str) -> Response:
+        await sandboxes.kill(sandbox_id)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    async def set_timeout(sandbox_id: str, body: TimeoutBody) -> Response:
+        sandboxes.set_timeout(sandbox_id, body.timeout)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    async def pause(sandbox_id: str, body: PauseBody | None = None) -> Response:
+        if body is not None and body.memory is False:
+            return _error(400, "pausing without memory is not supported by forkpoint",
+                          "snapshot_filesystem_only_disabled")  # fmt: skip
+        await sandboxes.pause(sandbox_id)
+        return Response(status_code=204)
+
+    @router.post("/v2/sandboxes/{sandbox_id}/connect", response_model=SandboxOut)
+    async def connect(sandbox_id: str, body: ConnectBody | None = None) -> JSONResponse:
+        sandbox, resumed = await sandboxes.connect(sandbox_id, body.timeout if body else None)
+        return JSONResponse(
+            _out(sandboxes, sandbox).model_dump(), status_code=201 if resumed else 200
+        )
+
+    @router.post(
+        "/sandboxes/{sandbox_id}/fork",
+        status_code=201,
+        response_model=list[ForkResult],
+        response_model_exclude_none=True,
+    )
+    async def fork(sandbox_id: str, body: ForkBody | None = None) -> list[ForkResult]:
+        body = body or ForkBody()
+        results = await sandboxes.fork(sandbox_id, body.count, body.timeout)
+        return [
+            ForkResult(error=ApiError(code=r.http_status, message=r.message))
+            if isinstance(r, ForkpointError)
+            else ForkResult(sandbox=_out(sandboxes, r))
+            for r in results
+        ]
+
+    @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotInfo)
+    async def create_snapshot(sandbox_id: str, body: SnapshotBody | None = None) -> SnapshotInfo:
+        body = body or SnapshotBody()
+        if body.memory is False:
+            raise Conflict("filesystem-only snapshots are not supported by forkpoint")
+        checkpoint = await sandboxes.snapshot(sandbox_id, body.name)
+        return _snapshot(checkpoint.id, checkpoint.name)
+
+    @router.get("/snapshots", response_model=list[SnapshotInfo])
+    async def list_snapshots(
+        response: Response,
+        sandboxID: str | None = None,
+        name: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        nextToken: str | None = None,
+    ) -> list[SnapshotInfo]:
+        found = [
+            _snapshot(c.id, c.name)
+            for c in sandboxes.snapshots(sandboxID)
+            if name is None or c.name == name
+        ]
+        start = int(nextToken) if nextToken and nextToken.isdigit() else 0
+        if start + limit < len(found):
+            response.headers["x-next-token"] = str(start + limit)
+        return found[start : start + limit]
+
+    @router.delete("/templates/{snapshot_id}", status_code=204)
+    async def delete_snapshot(snapshot_id: str) -> Response:
+        await sandboxes.delete_snapshot(snapshot_id)
+        return Response(status_code=204)
+
+    @router.get("/sandboxes/{sandbox_id}/metrics")
+    async def metrics(sandbox_id: str) -> list[object]:
+        sandboxes.get(sandbox_id)
+        return []
+
+    @router.post("/sandboxes/{sandbox_id}/rollback", response_model=SandboxOut)
+    async def rollback(sandbox_id: str, body: RollbackBody) -> SandboxOut:
+        """forkpoint's extension: roll the sandbox back to a snapshot in place."""
+        return _out(sandboxes, await sandboxes.rollback(sandbox_id, body.snapshotID))
+
+    return router
+
+
+def _error(status: int, message: str, error_code: str | None = None) -> JSONResponse:
+    body = ApiError(code=status, message=message, error_code=error_code)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status,
+                        headers={"Should-Retry": "false"})  # fmt: skip
+
+
+def api_error(error: ForkpointError) -> JSONResponse:
+    return _error(error.http_status, error.message)

@@ -1,0 +1,192 @@
+"""Sandbox ports on Q: ``<port>-<sandbox id>.localhost:Q`` → that port in the guest.
+
+A raw byte splice after the request head is read, so WebSockets, streamed responses and
+long bodies pass through. The guest side is a TCP tunnel through the agent
+(``Runtime.tcp_tunnel``): any port the guest listens on, at once, without restarting
+passt. Absolute-form targets (``GET http://8000-id.localhost:Q/ HTTP/1.1``) are accepted
+so clients can use Q as their ``HTTP_PROXY`` instead of resolving ``*.localhost``; the
+API port itself is reachable that way too. Each client connection carries one request
+(``Connection: close`` is forced unless it upgrades), so a proxy client reusing its
+connection for another host never lands on the wrong sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from forkpoint.errors import ForkpointError, NotFound
+
+from .sandboxes import Sandboxes
+
+__all__ = ["SandboxProxy", "parse_host"]
+
+_MAX_HEAD = 64 * 1024
+_HOST = re.compile(r"^(\d{1,5})-([A-Za-z0-9-]+)\.localhost$", re.IGNORECASE)
+_CHUNK = 64 * 1024
+
+
+def parse_host(host: str) -> tuple[int, str] | None:
+    """``8000-s-0123456789.localhost[:3001]`` → (8000, "s-0123456789")."""
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+    match = _HOST.match(name.strip().rstrip("."))
+    if not match or not 1 <= int(match.group(1)) <= 65535:
+        return None
+    return int(match.group(1)), match.group(2)
+
+
+class _Reader(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class _Writer(Protocol):
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+    def can_write_eof(self) -> bool: ...
+    def write_eof(self) -> None: ...
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class SandboxProxy:
+    """The listener on Q (``api_port`` is where absolute-form API requests go)."""
+
+    def __init__(self, sandboxes: Sandboxes, api_port: int) -> None:
+        self.sandboxes = sandboxes
+        self.api_port = api_port
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await _read_head(reader)
+            if head is None:
+                return
+            target, new_head = self._route(head)
+            async with self._open(target) as (up_reader, up_writer):
+                up_writer.write(new_head)
+                await up_writer.drain()
+                await _splice(reader, writer, up_reader, up_writer)
+        except _BadRequest as error:
+            await _respond(writer, error.status, error.message)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _route(self, head: bytes) -> tuple[tuple[str, int] | tuple[int, str], bytes]:
+        lines = head.split(b"\r\n")
+        try:
+            method, target, version = lines[0].decode("latin-1").split(" ", 2)
+        except ValueError:
+            raise _BadRequest(400, "malformed request line") from None
+        headers = [line for line in lines[1:] if line]
+        host = next(
+            (h.split(b":", 1)[1].strip().decode("latin-1") for h in headers
+             if h.lower().startswith(b"host:")), "",
+        )  # fmt: skip
+        if "://" in target:  # absolute form: we are the client's HTTP proxy
+            url = urlsplit(target)
+            host = url.netloc
+            target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+            headers = [h for h in headers if not h.lower().startswith(b"proxy-")]
+        upgrade = any(h.lower().startswith(b"upgrade:") for h in headers)
+        if not upgrade:
+            headers = [h for h in headers if not h.lower().startswith(b"connection:")]
+            headers.append(b"Connection: close")
+        new_head = "\r\n".join([f"{method} {target} {version}"]).encode("latin-1")
+        new_head += b"\r\n" + b"\r\n".join(headers) + b"\r\n\r\n"
+        parsed = parse_host(host)
+        if parsed is not None:
+            return parsed, new_head
+        name, _, port = host.rpartition(":")
+        if name in ("127.0.0.1", "localhost", "[::1]") and port == str(self.api_port):
+            return (name.strip("[]"), self.api_port), new_head
+        raise _BadRequest(400, f"not a sandbox host: {host!r} (expected <port>-<id>.localhost)")
+
+    @contextlib.asynccontextmanager
+    async def _open(
+        self, target: tuple[str, int] | tuple[int, str]
+    ) -> AsyncIterator[tuple[_Reader, _Writer]]:
+        if isinstance(target[0], str):
+            reader, writer = await asyncio.open_connection(target[0], target[1])
+            try:
+                yield reader, writer
+            finally:
+                writer.close()
+            return
+        port, sandbox_id = int(target[0]), str(target[1])
+        try:
+            sandbox = self.sandboxes.running(sandbox_id)
+        except NotFound:
+            raise _BadRequest(502, f"The sandbox {sandbox_id} was not found") from None
+        try:
+            tunnel = self.sandboxes.runtime.tcp_tunnel(sandbox.id, port)
+            pair = await tunnel.__aenter__()
+        except ForkpointError as error:
+            raise _BadRequest(
+                502, f"The sandbox {sandbox_id} is running but port is not open: {error.message}"
+            ) from None
+        try:
+            yield pair
+        finally:
+            with contextlib.suppress(Exception):
+                await tunnel.__aexit__(None, None, None)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
+    try:
+        return await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    except asyncio.LimitOverrunError:
+        raise _BadRequest(431, "request head too large") from None
+
+
+async def _copy(src: _Reader, dst: _Writer) -> None:
+    try:
+        while chunk := await src.read(_CHUNK):
+            dst.write(chunk)
+            await dst.drain()
+    finally:
+        with contextlib.suppress(Exception):
+            if dst.can_write_eof():
+                dst.write_eof()
+
+
+async def _splice(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: _Reader,
+    up_writer: _Writer,
+) -> None:
+    """Copy both ways until the guest side ends (then the client side is closed)."""
+    upstream = asyncio.create_task(_copy(reader, up_writer))
+    try:
+        await _copy(up_reader, writer)
+    finally:
+        upstream.cancel()
+        with contextlib.suppress(BaseException):
+            await upstream
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = json.dumps({"code": status, "message": message}).encode()
+    reason = {400: "Bad Request", 431: "Request Header Fields Too Large"}.get(status, "Bad Gateway")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(ConnectionError):
+        writer.write(head.encode() + body)
+        await writer.drain()

@@ -1,0 +1,77 @@
+"""Running the gateway: the HTTP app on P, the sandbox-port proxy on Q (127.0.0.1 and ::1,
+as ``*.localhost`` resolves to both), and the timeout reaper, in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from forkpoint.runtime import Runtime
+
+from .app import create_e2b_app
+from .proxy import SandboxProxy
+from .reaper import reap_forever
+from .sandboxes import GatewayConfig, Sandboxes
+
+__all__ = ["TokenFile", "run_gateway"]
+
+
+@dataclass
+class TokenFile:
+    """forkpoint's API token, re-read when the file changes."""
+
+    path: Path
+    _mtime: float = -1.0
+    _token: str = ""
+
+    def __call__(self) -> str:
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            return ""
+        if mtime != self._mtime:
+            self._token, self._mtime = self.path.read_text().strip(), mtime
+        return self._token
+
+
+async def run_gateway(
+    runtime: Runtime,
+    config: GatewayConfig,
+    api_socket: socket.socket,
+    proxy_sockets: list[socket.socket],
+    token: TokenFile,
+    *,
+    reap_interval_s: float = 1.0,
+    log_level: str = "warning",
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set."""
+    sandboxes = Sandboxes(runtime, config)
+    app = create_e2b_app(sandboxes, token)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False)
+    )
+    proxy = SandboxProxy(sandboxes, api_socket.getsockname()[1])
+    listeners = [await asyncio.start_server(proxy.handle, sock=s) for s in proxy_sockets]
+    reaper = asyncio.create_task(reap_forever(sandboxes, reap_interval_s))
+
+    async def stop_when_asked() -> None:
+        if stop is not None:
+            await stop.wait()
+            server.should_exit = True
+
+    stopper = asyncio.create_task(stop_when_asked())
+    try:
+        await server.serve(sockets=[api_socket])
+    finally:
+        stopper.cancel()
+        reaper.cancel()
+        for listener in listeners:
+            listener.close()
+        with contextlib.suppress(BaseException):
+            await reaper

@@ -1,0 +1,172 @@
+"""The E2B gateway against the real ``e2b`` SDK, without VMs: auth, errors, env, framing.
+
+The gateway runs as ``forkpoint serve --e2b`` in a subprocess on a runtime home with no
+sessions; the client is the unmodified ``e2b`` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+    SandboxState,
+)
+
+from e2b_gateway import Gateway, free_port, running_gateway
+from forkpoint.e2b.connect import ConnectError, end_stream, envelope, read_envelopes
+from forkpoint.e2b.proxy import parse_host
+
+UNKNOWN = "s-00000000ff"
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Gateway]:
+    with running_gateway() as gw:
+        yield gw
+
+
+def test_wrong_api_key_is_401(gateway: Gateway) -> None:
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="not-the-token").next_items()
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="not-the-token")
+    response = httpx.get(f"{gateway.url}/v2/sandboxes")
+    assert response.status_code == 401
+    assert response.json()["code"] == 401
+
+
+def test_list_is_empty(gateway: Gateway) -> None:
+    paginator = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING]))
+    assert paginator.next_items() == []
+    assert not paginator.has_next
+
+
+def test_unknown_sandbox_is_not_found(gateway: Gateway) -> None:
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(UNKNOWN)
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(UNKNOWN)
+    assert Sandbox.kill(UNKNOWN) is False
+    with pytest.raises(NotFoundException):
+        Sandbox.set_timeout(UNKNOWN, 30)
+    with pytest.raises(NotFoundException):
+        Sandbox.pause(UNKNOWN)
+
+
+def test_unknown_sandbox_async(gateway: Gateway) -> None:
+    async def scenario() -> None:
+        with pytest.raises(NotFoundException):
+            await AsyncSandbox.connect(UNKNOWN)
+        assert await AsyncSandbox.kill(UNKNOWN) is False
+        assert await AsyncSandbox.list().next_items() == []
+
+    asyncio.run(scenario())
+
+
+def test_unknown_template_is_a_clear_error(gateway: Gateway) -> None:
+    with pytest.raises(SandboxException, match="template 'no-such-template' not found"):
+        Sandbox.create("no-such-template")
+
+
+def test_bad_arguments_are_400(gateway: Gateway) -> None:
+    headers = {"X-API-KEY": gateway.api_key}
+    bad = httpx.post(f"{gateway.url}/v2/sandboxes", json={"timeout": -5}, headers=headers)
+    assert bad.status_code == 400 and "timeout" in bad.json()["message"]
+    fork = httpx.post(f"{gateway.url}/sandboxes/{UNKNOWN}/fork", json={"count": 0},
+                      headers=headers)  # fmt: skip
+    assert fork.status_code == 400
+
+
+def test_envd_for_an_unknown_sandbox_is_not_running(gateway: Gateway) -> None:
+    headers = {"E2b-Sandbox-Id": UNKNOWN, "X-Access-Token": "x"}
+    health = httpx.get(f"{gateway.url}/health", headers=headers)
+    assert health.status_code == 502 and "was not found" in health.json()["message"]
+    rpc = httpx.post(f"{gateway.url}/process.Process/List", json={}, headers=headers)
+    assert rpc.status_code == 502 and rpc.json()["code"] == "unavailable"
+    unsigned = httpx.get(f"{gateway.url}/files", params={"path": "/etc/hostname"})
+    assert unsigned.status_code == 400
+
+
+def test_proxy_answers_for_unknown_and_foreign_hosts(gateway: Gateway) -> None:
+    proxy = f"http://127.0.0.1:{gateway.proxy_port}"
+    gone = httpx.get(proxy, headers={"Host": f"8000-{UNKNOWN}.localhost:{gateway.proxy_port}"})
+    assert gone.status_code == 502 and "was not found" in gone.json()["message"]
+    foreign = httpx.get(proxy, headers={"Host": "example.com"})
+    assert foreign.status_code == 400
+    # HTTP_PROXY mode: absolute-form targets, the API itself reachable through it.
+    with httpx.Client(proxy=proxy) as client:
+        via = client.get(f"http://8000-{UNKNOWN}.localhost:{gateway.proxy_port}/")
+        assert via.status_code == 502
+        api = client.get(f"{gateway.url}/v2/sandboxes", headers={"X-API-KEY": gateway.api_key})
+        assert api.status_code == 200 and api.json() == []
+
+
+def test_env_command_prints_the_variables(gateway: Gateway) -> None:
+    def run(*args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "forkpoint.cli.app", "e2b", "env", *args],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    shell = run("--port", str(gateway.port), "--proxy-port", str(gateway.proxy_port))
+    assert shell.splitlines() == [f"export {k}={v}" for k, v in gateway.env.items()]
+    as_json = json.loads(run("--port", "4000", "--json"))
+    assert as_json["E2B_API_URL"] == "http://127.0.0.1:4000"
+    assert as_json["E2B_DOMAIN"] == "localhost:4001"
+    assert as_json["E2B_API_KEY"] == gateway.api_key
+
+
+def test_refuses_a_public_address() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "forkpoint.cli.app", "serve", "--e2b", "--host", "0.0.0.0",
+         "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--allow-remote" in proc.stderr
+
+
+def test_connect_framing_round_trip() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        data = envelope({"start": {"process": {"pid": 7}}}) + envelope({"keepalive": {}})
+        data += end_stream() + envelope({"never": 1})
+        for i in range(0, len(data), 3):  # split anywhere
+            yield data[i : i + 3]
+
+    async def collect() -> list[dict[str, object]]:
+        return [m async for m in read_envelopes(chunks())]
+
+    assert asyncio.run(collect()) == [{"start": {"process": {"pid": 7}}}, {"keepalive": {}}]
+    flags, length = struct.unpack(">BI", end_stream(ConnectError("not_found", "x"))[:5])
+    assert flags == 2 and length > 0
+
+
+def test_parse_host() -> None:
+    assert parse_host("8000-s-0123456789.localhost:3001") == (8000, "s-0123456789")
+    assert parse_host("8000-s-0123456789.localhost") == (8000, "s-0123456789")
+    assert parse_host("localhost:3001") is None
+    assert parse_host("99999-s-0123456789.localhost") is None
+
+
+def test_proxy_listens_on_ipv6_loopback_too(gateway: Gateway) -> None:
+    if not socket.has_ipv6 or os.environ.get("FORKPOINT_NO_IPV6"):
+        pytest.skip("no IPv6")
+    try:
+        socket.create_connection(("::1", gateway.proxy_port), timeout=2).close()
+    except OSError as error:
+        pytest.skip(f"no IPv6 loopback here: {error}")
