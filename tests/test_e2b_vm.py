@@ -27,16 +27,8 @@ from e2b import (
 from e2b.exceptions import SandboxNotRunningException
 
 from e2b_gateway import Gateway, running_gateway
-from forkpoint.runtime import Runtime
 
 pytestmark = pytest.mark.vm
-
-# Commands, uploads as `user` and get_host need the guest process model and TCP tunnels
-# (Runtime.start_process, tcp_tunnel, write_file(user=), make_dir, rename): branch guestproc.
-needs_processes = pytest.mark.skipif(
-    not hasattr(Runtime, "start_process") or not hasattr(Runtime, "tcp_tunnel"),
-    reason="needs the guest process model in the runtime (branch guestproc)",
-)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +165,6 @@ def test_async_lifecycle(gateway: Gateway) -> None:
 # -- commands and files: need the guest process model ---------------------------------
 
 
-@needs_processes
 def test_commands_run_background_list_kill(sbx: Sandbox) -> None:
     result = sbx.commands.run("echo hello; echo oops >&2; id -un; pwd")
     assert result.exit_code == 0
@@ -200,7 +191,6 @@ def test_commands_run_background_list_kill(sbx: Sandbox) -> None:
     assert sbx.commands.kill(handle.pid) is False
 
 
-@needs_processes
 def test_commands_stdin_connect_and_disconnect(sbx: Sandbox) -> None:
     handle = sbx.commands.run("cat", background=True, stdin=True)
     sbx.commands.send_stdin(handle.pid, "one two\n")
@@ -220,7 +210,6 @@ def test_command_in_a_killed_sandbox(gateway: Gateway) -> None:
         sandbox.commands.run("true")
 
 
-@needs_processes
 def test_files(sbx: Sandbox) -> None:
     info = sbx.files.write("notes/a.txt", "hello")
     assert info.path == "/home/user/notes/a.txt"
@@ -243,7 +232,6 @@ def test_files(sbx: Sandbox) -> None:
     assert httpx.get(url).content == b"1"
 
 
-@needs_processes
 def test_flagship_quickstart(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/e2b_quickstart.py, unmodified: create → app → get_host → fork(3), same PID
     in every fork → pause → connect → same PID → rollback → kill."""
