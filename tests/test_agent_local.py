@@ -7,6 +7,7 @@ in the guest rootfs, which also proves it needs nothing beyond the stdlib.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import resource
@@ -101,6 +102,9 @@ class LocalAgent:
             self.proc.wait()
         for w in self.writers:
             w.close()
+        for w in self.writers:  # closed for real before the loop ends (no ResourceWarning)
+            with contextlib.suppress(OSError):
+                await w.wait_closed()
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()

@@ -27,7 +27,7 @@ from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
 from forkpoint.runtime.manifest import Manifest
 from forkpoint.server import create_app
-from forkpoint.store import SessionState
+from forkpoint.store import SessionState, session_lock
 from forkpoint.vm import Machine, RunState
 from forkpoint.vm.process import pids_with_arg
 
@@ -232,6 +232,44 @@ def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, end
         finally:
             await rt.remove(session.id)
         await rt.remove_checkpoint(ck.id)
+
+    run(scenario())
+
+
+def test_queries_during_a_rollback_neither_call_it_a_crash_nor_kill_the_new_vm(
+    rt: Runtime,
+) -> None:
+    """A rollback kills the old QEMU, then starts the new one: a ``get`` in between (the
+    E2B reaper polls every second) must leave that to the rollback."""
+
+    async def scenario() -> None:
+        session = await rt.create()
+        try:
+            await rt.checkpoint(session.id)
+            polling = True
+
+            async def poll() -> int:
+                polls = 0
+                while polling:
+                    await asyncio.to_thread(rt.get, session.id)
+                    polls += 1
+                return polls
+
+            poller = asyncio.create_task(poll())
+            for _ in range(3):
+                assert (await rt.rollback(session.id)).state == "running"
+                assert (await rt.exec(session.id, "true")).exit_code == 0
+            polling = False
+            assert await poller > 0
+
+            # A dead QEMU is a crash only once nobody operates on the session.
+            os.kill(rt.store.get_session(session.id).qemu_pid or 0, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            with session_lock(rt.home, session.id):
+                assert rt.get(session.id).state == "running"
+            assert rt.get(session.id).state == "crashed"
+        finally:
+            await rt.remove(session.id)
 
     run(scenario())
 

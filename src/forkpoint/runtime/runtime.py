@@ -49,6 +49,7 @@ from forkpoint.store import (
     SessionRecord,
     Store,
     global_lock_async,
+    session_lock,
     session_lock_async,
     validate_name,
 )
@@ -133,16 +134,29 @@ class Runtime:
         manifest.check_compatible(shape)
         return manifest
 
-    def _refresh(self, record: SessionRecord) -> SessionRecord:
-        """Notice a QEMU that died behind our back: the session becomes ``crashed``."""
-        files = self.files(record.id)
-        if record.state == SessionState.RUNNING and not is_running(record.qemu_pid, files.name):
-            kill_session_processes(files, record)  # its passt has nothing left to serve
-            return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
-        return record
+    def _refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
+        """Notice a QEMU that died behind our back: the session becomes ``crashed``.
 
-    def _require_running(self, session: str) -> SessionRecord:
-        record = self._refresh(self.store.get_session(session))
+        Only with the session's lock (``locked``: the caller holds it; else it is tried
+        without waiting): a rollback or restore holding it has killed the old QEMU and
+        is starting the new one, which a query must neither call a crash nor kill.
+        """
+        files = self.files(record.id)
+        if record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
+            return record
+        if not locked:
+            try:
+                with session_lock(self.home, record.id, timeout_s=0):
+                    return self._refresh(self.store.get_session(record.id), locked=True)
+            except Conflict:
+                return record  # an operation is under way: it decides
+        kill_session_processes(files, record)  # its passt has nothing left to serve
+        return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+
+    def _require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
+        """The running session's record. ``locked``: the caller holds its lock.
+        :raises Conflict: it is not running."""
+        record = self._refresh(self.store.get_session(session), locked=locked)
         if record.state != SessionState.RUNNING:
             hint = "; roll it back: forkpoint rollback " + record.id
             raise Conflict(
@@ -493,7 +507,7 @@ class Runtime:
         """The agent client of a running session. Concurrent users in this process share
         one connection (requests run side by side); another process waits until this
         one's users are done."""
-        record = await asyncio.to_thread(self._require_running, session)
+        record = await asyncio.to_thread(self._require_running, session, locked=False)
         async with self._agents.use(
             record.id, record.generation, lambda: self._connect_agent(record)
         ) as client:
