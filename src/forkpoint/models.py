@@ -18,12 +18,31 @@ from __future__ import annotations
 import base64
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from forkpoint.protocol import DirEntry as FileEntry
-from forkpoint.protocol import ProcessInfo as Process
-from forkpoint.protocol import SpawnResult as BackgroundProcess
-from forkpoint.protocol import StatResult as FileStat
+if TYPE_CHECKING:
+    from forkpoint.protocol.models import DirEntry as FileEntry
+    from forkpoint.protocol.models import ProcessInfo as Process
+    from forkpoint.protocol.models import SpawnResult as BackgroundProcess
+    from forkpoint.protocol.models import StatResult as FileStat
+
+# The guest-protocol values are loaded on first use: the protocol package costs more to
+# import than `forkpoint ls --json` may take, and `ls` needs none of them.
+_FROM_PROTOCOL = {
+    "FileEntry": "DirEntry",
+    "Process": "ProcessInfo",
+    "BackgroundProcess": "SpawnResult",
+    "FileStat": "StatResult",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_PROTOCOL:
+        from forkpoint.protocol import models
+
+        return getattr(models, _FROM_PROTOCOL[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ID_PATTERN",

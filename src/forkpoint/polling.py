@@ -8,7 +8,6 @@ check gives a value or the time is up.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
@@ -32,6 +31,8 @@ async def poll_until(
     :raises BaseException: ``timed_out()`` once ``timeout_s`` seconds passed without a
         value; whatever ``check`` raises.
     """
+    import asyncio  # here: the blocking twin serves code that never loads asyncio
+
     for pause in _pauses(timeout_s, interval_s, max_interval_s):
         if (value := await check()) is not None:
             return value

@@ -7,10 +7,10 @@ commands with nothing else loaded, and the typer commands call the same function
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from forkpoint.errors import InvalidInput
@@ -19,14 +19,25 @@ from forkpoint.models import to_json_data
 if TYPE_CHECKING:
     from forkpoint.models import BackgroundProcess, CommandResult, Session
     from forkpoint.runtime import Runtime
+    from forkpoint.runtime.queries import Queries
 
-__all__ = ["emit_json", "exec_command", "get_session", "list_sessions", "parse_env", "run"]
+__all__ = [
+    "emit_json",
+    "exec_command",
+    "get_session",
+    "list_sessions",
+    "parse_env",
+    "queries",
+    "run",
+]
 
 T = TypeVar("T")
 
 
 def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
     """Open the runtime, await ``operation(runtime)``, close it; returns its result."""
+    import asyncio
+
     from forkpoint.runtime import Runtime
 
     async def main() -> T:
@@ -57,18 +68,29 @@ def parse_env(pairs: Sequence[str] | None) -> dict[str, str]:
     return env
 
 
-def list_sessions() -> list[Session]:
-    async def op(runtime: Runtime) -> list[Session]:
-        return runtime.list_sessions()
+@contextmanager
+def queries() -> Iterator[Queries]:
+    """The runtime's reads alone: no VM engine, no asyncio (``ls``/``show`` stay fast)."""
+    from forkpoint.config import home
+    from forkpoint.runtime.queries import Queries
+    from forkpoint.store import Store
 
-    return run(op)
+    root = home().ensure()
+    store = Store.open(root)
+    try:
+        yield Queries(root, store)
+    finally:
+        store.close()
+
+
+def list_sessions() -> list[Session]:
+    with queries() as q:
+        return q.list_sessions()
 
 
 def get_session(session: str) -> Session:
-    async def op(runtime: Runtime) -> Session:
-        return runtime.get(session)
-
-    return run(op)
+    with queries() as q:
+        return q.get(session)
 
 
 def exec_command(

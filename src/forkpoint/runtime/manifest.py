@@ -16,7 +16,8 @@ from typing import Any
 from forkpoint.config import Home
 from forkpoint.errors import IncompatibleCheckpoint, NotFound
 from forkpoint.models import CheckpointKind
-from forkpoint.vm import CheckpointStats, MachineShape
+from forkpoint.vm.shape import MachineShape
+from forkpoint.vm.stats import CheckpointStats
 
 __all__ = ["FORMAT", "CheckpointFiles", "Manifest"]
 

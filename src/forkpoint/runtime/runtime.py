@@ -49,12 +49,10 @@ from forkpoint.store import (
     SessionRecord,
     Store,
     global_lock_async,
-    session_lock,
     session_lock_async,
     validate_name,
 )
-from forkpoint.vm import Machine, MachineShape, QemuBuild, VmFiles, detect_accel, qemu_build
-from forkpoint.vm.process import is_running
+from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
 
 from . import processes
 from .agents import AgentPool
@@ -73,6 +71,7 @@ from .machines import (
 from .manifest import CheckpointFiles, Manifest
 from .models import checkpoint_of, session_of
 from .ports import HostPorts
+from .queries import Queries
 from .templates import Templates
 
 __all__ = ["Runtime"]
@@ -80,13 +79,13 @@ __all__ = ["Runtime"]
 _AGENT_LOCK_TIMEOUT_S = 600.0  # another process's connection may serve a long exec
 
 
-class Runtime:
+class Runtime(Queries):
     """In-process forkpoint. Open with :meth:`open`; every method is safe to call from
-    several processes at once. Errors are :class:`~forkpoint.errors.ForkpointError`."""
+    several processes at once. Errors are :class:`~forkpoint.errors.ForkpointError`.
+    The reads (``get``, ``list_sessions``, ...) are :class:`Queries`'."""
 
     def __init__(self, home_: Home, store: Store) -> None:
-        self.home = home_
-        self.store = store
+        super().__init__(home_, store)
         self._checkpoints = Checkpointer(self.home, store)
         self._templates = Templates(self.home, store, self._checkpoints)
         self._ports = HostPorts(self.home, store)
@@ -112,9 +111,6 @@ class Runtime:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def files(self, session_id: str) -> VmFiles:
-        return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
-
     def checkpoint_files(self, checkpoint_id: str) -> CheckpointFiles:
         """Where a checkpoint's RAM, device state and manifest are."""
         return self._checkpoints.files(checkpoint_id)
@@ -133,54 +129,6 @@ class Runtime:
         manifest = Manifest.load(self.checkpoint_files(checkpoint_id))
         manifest.check_compatible(shape)
         return manifest
-
-    def _refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
-        """Notice a QEMU that died behind our back: the session becomes ``crashed``.
-
-        Only with the session's lock (``locked``: the caller holds it; else it is tried
-        without waiting): a rollback or restore holding it has killed the old QEMU and
-        is starting the new one, which a query must neither call a crash nor kill.
-        """
-        files = self.files(record.id)
-        if record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
-            return record
-        if not locked:
-            try:
-                with session_lock(self.home, record.id, timeout_s=0):
-                    return self._refresh(self.store.get_session(record.id), locked=True)
-            except Conflict:
-                return record  # an operation is under way: it decides
-        kill_session_processes(files, record)  # its passt has nothing left to serve
-        return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
-
-    def _require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
-        """The running session's record. ``locked``: the caller holds its lock.
-        :raises Conflict: it is not running."""
-        record = self._refresh(self.store.get_session(session), locked=locked)
-        if record.state != SessionState.RUNNING:
-            hint = "; roll it back: forkpoint rollback " + record.id
-            raise Conflict(
-                f"session {record.id} is {record.state}"
-                + (hint if record.state == SessionState.CRASHED else "")
-            )
-        return record
-
-    # -- queries (blocking) ------------------------------------------------------------
-
-    def get(self, session: str) -> Session:
-        """The session with this id or name. :raises NotFound:"""
-        return session_of(self._refresh(self.store.get_session(session)))
-
-    def list_sessions(self) -> list[Session]:
-        return [session_of(self._refresh(r)) for r in self.store.list_sessions()]
-
-    def get_checkpoint(self, checkpoint: str) -> Checkpoint:
-        return checkpoint_of(self.store.get_checkpoint(checkpoint))
-
-    def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
-        session_id = self.store.get_session(session).id if session else None
-        records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
-        return [checkpoint_of(r) for r in records]
 
     def lineage(self, record: SessionRecord) -> list[str]:
         """Checkpoints a session may roll back to: its own, and those it descends from."""

@@ -12,7 +12,6 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from forkpoint.errors import QemuError
@@ -25,32 +24,15 @@ from forkpoint.vm.qmp import Qmp
 from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
 from forkpoint.vm.runstate import LOADING, PAUSED, RunState, StateError, require
 from forkpoint.vm.shape import BootFiles, MachineShape
+from forkpoint.vm.stats import CheckpointStats
 from forkpoint.vm.written import copy_written_pages
 
-__all__ = ["CheckpointStats", "Machine"]
+__all__ = ["Machine"]
 
 _START_TIMEOUT_S = 30.0
 _MIGRATE_TIMEOUT_S = 120.0
 _NET_TIMEOUT_S = 10.0
 _MAX_BANDWIDTH = 64 << 30  # bytes/s
-
-
-@dataclass(frozen=True)
-class CheckpointStats:
-    """Where a checkpoint's time went (milliseconds) and what it stored (bytes).
-
-    ``base_copy_ms`` runs before the pause; ``pause_ms`` covers the disk snapshot,
-    ``device_state_ms`` and ``written_ms`` (copying the ``written_bytes`` the guest
-    changed since its RAM file was mapped).
-    """
-
-    pause_ms: float
-    base_copy_ms: float
-    device_state_ms: float
-    written_ms: float
-    written_bytes: int
-    ram_bytes: int
-    state_bytes: int
 
 
 class Machine:

@@ -1,0 +1,80 @@
+"""What the runtime knows without starting anything: sessions and checkpoints as they are.
+
+:class:`Queries` is the part of :class:`~forkpoint.runtime.Runtime` that reads: the store,
+and whether each session's QEMU still lives. It loads neither the VM engine nor asyncio,
+so the CLI's quick path (``forkpoint ls --json``) uses it alone.
+"""
+
+from __future__ import annotations
+
+from forkpoint.config import Home
+from forkpoint.errors import Conflict
+from forkpoint.models import Checkpoint, CheckpointKind, Session, SessionState
+from forkpoint.store import SessionRecord, Store, session_lock
+from forkpoint.vm.files import VmFiles
+from forkpoint.vm.process import is_running
+
+from .models import checkpoint_of, session_of
+
+__all__ = ["Queries"]
+
+
+class Queries:
+    """Reads of one home's sessions and checkpoints (blocking; safe across processes)."""
+
+    def __init__(self, home_: Home, store: Store) -> None:
+        self.home = home_
+        self.store = store
+
+    def files(self, session_id: str) -> VmFiles:
+        return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
+
+    def _refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
+        """Notice a QEMU that died behind our back: the session becomes ``crashed``.
+
+        Only with the session's lock (``locked``: the caller holds it; else it is tried
+        without waiting): a rollback or restore holding it has killed the old QEMU and
+        is starting the new one, which a query must neither call a crash nor kill.
+        """
+        files = self.files(record.id)
+        if record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
+            return record
+        if not locked:
+            try:
+                with session_lock(self.home, record.id, timeout_s=0):
+                    return self._refresh(self.store.get_session(record.id), locked=True)
+            except Conflict:
+                return record  # an operation is under way: it decides
+        from .cleanup import kill_session_processes  # rare: not loaded for every query
+
+        kill_session_processes(files, record)  # its passt has nothing left to serve
+        return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+
+    def _require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
+        """The running session's record. ``locked``: the caller holds its lock.
+        :raises Conflict: it is not running."""
+        record = self._refresh(self.store.get_session(session), locked=locked)
+        if record.state != SessionState.RUNNING:
+            hint = "; roll it back: forkpoint rollback " + record.id
+            raise Conflict(
+                f"session {record.id} is {record.state}"
+                + (hint if record.state == SessionState.CRASHED else "")
+            )
+        return record
+
+    # -- queries (blocking) ------------------------------------------------------------
+
+    def get(self, session: str) -> Session:
+        """The session with this id or name. :raises NotFound:"""
+        return session_of(self._refresh(self.store.get_session(session)))
+
+    def list_sessions(self) -> list[Session]:
+        return [session_of(self._refresh(r)) for r in self.store.list_sessions()]
+
+    def get_checkpoint(self, checkpoint: str) -> Checkpoint:
+        return checkpoint_of(self.store.get_checkpoint(checkpoint))
+
+    def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
+        session_id = self.store.get_session(session).id if session else None
+        records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
+        return [checkpoint_of(r) for r in records]

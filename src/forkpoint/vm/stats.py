@@ -1,0 +1,26 @@
+"""What a checkpoint cost: a plain value, kept apart from the machine (which loads QMP and
+asyncio) so that reading a checkpoint's manifest loads neither."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CheckpointStats"]
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """Where a checkpoint's time went (milliseconds) and what it stored (bytes).
+
+    ``base_copy_ms`` runs before the pause; ``pause_ms`` covers the disk snapshot,
+    ``device_state_ms`` and ``written_ms`` (copying the ``written_bytes`` the guest
+    changed since its RAM file was mapped).
+    """
+
+    pause_ms: float
+    base_copy_ms: float
+    device_state_ms: float
+    written_ms: float
+    written_bytes: int
+    ram_bytes: int
+    state_bytes: int
