@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from forkpoint.cli import core
 
-__all__ = ["run_quick"]
+__all__ = ["recognise", "run_quick"]
 
 _EXEC_FLAGS = {"--json", "--background", "-b"}
 _EXEC_OPTIONS = {"--cwd", "--env", "-e", "--timeout"}
@@ -25,7 +25,7 @@ _EXEC_OPTIONS = {"--cwd", "--env", "-e", "--timeout"}
 
 def run_quick(argv: list[str]) -> int | None:
     """Run ``argv`` if it is a quick form and return the exit code; None if it is not."""
-    recognised = _recognise(argv)
+    recognised = recognise(argv)
     if recognised is None:
         return None
     command, as_json = recognised
@@ -40,7 +40,7 @@ def run_quick(argv: list[str]) -> int | None:
         return report(error, as_json)
 
 
-def _recognise(argv: list[str]) -> tuple[Callable[[], int], bool] | None:
+def recognise(argv: list[str]) -> tuple[Callable[[], int], bool] | None:
     """The command to run for ``argv`` and whether it reports JSON, if a quick form."""
     match argv:
         case ["ls", "--json"]:
