@@ -5,8 +5,6 @@ from __future__ import annotations
 from forkpoint.models import Checkpoint, Port, Session
 from forkpoint.store import CheckpointRecord, SessionRecord
 
-from .manifest import Manifest
-
 __all__ = ["checkpoint_of", "session_of"]
 
 
@@ -26,6 +24,8 @@ def session_of(record: SessionRecord) -> Session:
 
 
 def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
+    from .manifest import Manifest  # here: `forkpoint ls` never reads a manifest
+
     manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
     return Checkpoint(
         id=record.id,

@@ -8,7 +8,6 @@ them. Timestamps are ISO-8601 UTC strings with millisecond precision and a ``Z``
 from __future__ import annotations
 
 import re
-import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -42,11 +41,15 @@ def utc_now() -> str:
 
 def new_session_id() -> str:
     """A fresh session id: ``s-`` + 10 hex digits."""
+    import secrets  # here: it loads hashlib, which no query needs
+
     return "s-" + secrets.token_hex(5)
 
 
 def new_checkpoint_id() -> str:
     """A fresh checkpoint id: ``c-`` + 10 hex digits."""
+    import secrets
+
     return "c-" + secrets.token_hex(5)
 
 
