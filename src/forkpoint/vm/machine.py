@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,8 +16,9 @@ from pathlib import Path
 from forkpoint.errors import QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
-from forkpoint.vm.build import QemuBuild
+from forkpoint.vm.build import QemuBuild, qemu_build
 from forkpoint.vm.files import VmFiles
+from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
 from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
@@ -36,11 +36,12 @@ _MAX_BANDWIDTH = 64 << 30  # bytes/s
 
 
 class Machine:
-    """A QEMU process plus its QMP connection."""
+    """A QEMU process plus its QMP connection; ``build`` says which QMP it speaks."""
 
-    def __init__(self, files: VmFiles, pid: int, qmp: Qmp) -> None:
+    def __init__(self, files: VmFiles, pid: int, qmp: Qmp, build: QemuBuild) -> None:
         self.files = files
         self.pid = pid
+        self.build = build
         self._qmp = qmp
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -80,7 +81,7 @@ class Machine:
                 files.name,
                 alive=lambda: is_running(pid, files.name),
             )
-            return cls(files, pid, qmp)
+            return cls(files, pid, qmp, build)
         except QemuError as error:
             raise _start_failed(files, pid, error) from None
 
@@ -100,19 +101,17 @@ class Machine:
 
         :raises QemuError: QEMU's own error text plus the log tail.
         """
-        fd = os.open(state, os.O_RDONLY)
         try:
-            self._qmp.send_fd(fd)
-            await self._qmp.run("getfd", fdname="incoming")
-            await self._qmp.run("migrate-incoming", uri="fd:incoming")
+            async with state_file_uri(
+                self._qmp, self.build, state, write=False, fd_name="incoming"
+            ) as uri:
+                await self._qmp.run("migrate-incoming", **incoming_arguments(self.build, uri))
             await self._wait_incoming()
             if run:
                 await self.run()
         except QemuError as error:
             await self._qmp.close()
             raise _start_failed(self.files, self.pid, error) from None
-        finally:
-            os.close(fd)
 
     async def run(self) -> None:
         """Run a paused VM."""
@@ -140,14 +139,18 @@ class Machine:
         return machine
 
     @classmethod
-    async def adopt(cls, files: VmFiles, pid: int, timeout_s: float = 5.0) -> Machine:
-        """Reconnect to a QEMU started by another process.
+    async def adopt(
+        cls, files: VmFiles, pid: int, timeout_s: float = 5.0, build: QemuBuild | None = None
+    ) -> Machine:
+        """Reconnect to a QEMU started by another process (of ``build``, default: the
+        one in use; a checkpoint's manifest pins the build its VMs run).
 
         :raises QemuError: the process is gone or its monitor does not answer.
         """
         if not is_running(pid, files.name):
             raise QemuError(f"{files.name}: QEMU process {pid} is not running")
-        return cls(files, pid, await Qmp.connect(files.qmp_socket, timeout_s, files.name))
+        qmp = await Qmp.connect(files.qmp_socket, timeout_s, files.name)
+        return cls(files, pid, qmp, build or qemu_build())
 
     def is_running(self) -> bool:
         return is_running(self.pid, self.files.name)
@@ -296,15 +299,11 @@ class Machine:
         return (time.perf_counter() - started) * 1000
 
     async def _migrate_to(self, dest: Path) -> None:
-        # fd: migration works on every QEMU (file: needs 8.2) and needs no spawn, which
-        # the seccomp sandbox forbids (exec: would).
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
-        try:
-            self._qmp.send_fd(fd)
-            await self._qmp.run("getfd", fdname="ckpt")
-        finally:
-            os.close(fd)
-        await self._qmp.run("migrate", uri="fd:ckpt")
+        async with state_file_uri(self._qmp, self.build, dest, write=True, fd_name="ckpt") as uri:
+            await self._qmp.run("migrate", uri=uri)
+            await self._wait_saved()
+
+    async def _wait_saved(self) -> None:
         deadline = time.monotonic() + _MIGRATE_TIMEOUT_S
         while True:
             info = await self._qmp.run("query-migrate")
