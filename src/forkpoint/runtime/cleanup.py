@@ -13,7 +13,7 @@ from forkpoint.errors import Conflict, ForkpointError
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.disk import blank_overlay_of
-from forkpoint.vm.net import passt_log, stop_passt
+from forkpoint.vm.net import passt_log, remove_passt_log, stop_passt
 from forkpoint.vm.process import kill_and_wait, pids_with_arg
 
 __all__ = ["collect_layers", "kill_session_processes", "remove_session_files"]
@@ -33,6 +33,7 @@ def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
 def remove_session_files(files: VmFiles) -> None:
     shutil.rmtree(files.dir, ignore_errors=True)
     shutil.rmtree(files.sock_dir, ignore_errors=True)
+    remove_passt_log(files)  # under /tmp, not in the session's directory (AppArmor)
 
 
 def collect_layers(home: Home, store: Store) -> list[str]:

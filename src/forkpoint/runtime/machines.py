@@ -26,7 +26,7 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
-from forkpoint.vm.net import start_passt, stop_passt
+from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
 from .manifest import CheckpointFiles
 
@@ -163,6 +163,8 @@ async def start_restored(
             await loaded()
         await machine.run()
         await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
+        if passt_pid is not None:  # checked last: passt's start-up overlaps the load
+            await asyncio.to_thread(wait_passt_ready, files, passt_pid)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if machine is not None:

@@ -13,7 +13,7 @@ from forkpoint.config import Home
 from forkpoint.errors import InternalError
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
-from forkpoint.vm.net import start_passt, stop_passt
+from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
 __all__ = ["HostPorts"]
 
@@ -58,3 +58,4 @@ class HostPorts:
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
         pid = start_passt(files, forwards)
         self.store.update_session(record.id, aux_pids=[pid])
+        wait_passt_ready(files, pid)

@@ -8,26 +8,48 @@ so a guest cannot reach services listening on the host's 127.0.0.1.
 
 Changing the forwards means restarting passt: QEMU's stream server accepts the new
 connection; only connections through the old passt are cut.
+
+A passt that cannot start (a forward's port taken, no user namespace allowed, ...) exits
+at once; :func:`wait_passt_ready` turns that into an error carrying passt's own last log
+line instead of forwards that silently never answer. passt's log is under ``/tmp``, not
+``$FORKPOINT_HOME``: Debian's AppArmor profile for passt lets it write only under
+``/tmp`` and home directories, and a passt that cannot open its log file exits.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from forkpoint.errors import QemuError
 from forkpoint.vm.files import VmFiles
-from forkpoint.vm.process import kill_and_wait, spawn_detached
+from forkpoint.vm.process import exit_status, kill_and_wait, spawn_detached
 
-__all__ = ["GATEWAY", "GUEST_ADDRESS", "passt_log", "start_passt", "stop_passt"]
+__all__ = [
+    "GATEWAY",
+    "GUEST_ADDRESS",
+    "passt_log",
+    "remove_passt_log",
+    "start_passt",
+    "stop_passt",
+    "wait_passt_ready",
+]
 
 GUEST_ADDRESS = "10.0.2.15"
 GATEWAY = "10.0.2.2"
 DNS = "10.0.2.3"
 _CONNECT_TIMEOUT_S = 10.0
+# passt is ready in ≈ 50 ms; a loaded 2-core host starting 20 VMs needs more.
+_READY_TIMEOUT_S = 4.0
+# Not $TMPDIR: the AppArmor profile names /tmp itself.
+_LOG_ROOT = Path("/tmp")
+_TIMESTAMP = re.compile(r"^\d+\.\d+:\s*")
 
 
 def _passt() -> str:
@@ -53,7 +75,21 @@ def _connect(net_socket: Path) -> socket.socket:
 
 def passt_log(files: VmFiles) -> Path:
     # The VM's unique name in the path also marks passt's argv as belonging to this VM.
-    return files.dir / f"passt-{files.name}.log"
+    return _LOG_ROOT / f"forkpoint-passt-{os.getuid()}" / f"{files.name}.log"
+
+
+def _log_dir(files: VmFiles) -> Path:
+    """The per-user log directory, made private; refused if someone else owns it."""
+    directory = passt_log(files).parent
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise QemuError(f"{directory} is not a private directory of this user: remove it")
+    return directory
+
+
+def remove_passt_log(files: VmFiles) -> None:
+    passt_log(files).unlink(missing_ok=True)
 
 
 def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]]) -> int:
@@ -61,6 +97,7 @@ def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]]) -> int:
 
     ``forwards``: ``(host_port, guest_port)`` pairs, bound on 127.0.0.1 only.
     """
+    _log_dir(files)
     sock = _connect(files.net_socket)
     try:
         argv = [
@@ -80,3 +117,44 @@ def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]]) -> int:
 
 def stop_passt(files: VmFiles, pid: int | None) -> None:
     kill_and_wait(pid, files.name)
+
+
+def wait_passt_ready(files: VmFiles, pid: int, timeout_s: float = _READY_TIMEOUT_S) -> None:
+    """Return once passt serves; raise with passt's own reason if it exited instead.
+
+    passt confines itself with seccomp as the last step before it serves (after binding
+    the forwards and entering its namespaces), so ``Seccomp: 2`` in its status is ready.
+    :raises QemuError: passt exited, or was not ready within ``timeout_s`` (then killed).
+    """
+    deadline = time.monotonic() + timeout_s
+    status_file = Path(f"/proc/{pid}/status")
+    while True:
+        try:
+            status = status_file.read_text()
+        except OSError:
+            status = ""
+        if "\nSeccomp:\t2" in status and "\nState:\tZ" not in status:
+            return
+        if not status or "\nState:\tZ" in status:
+            how = exit_status(pid)  # reaps it
+            raise QemuError(f"{files.name}: passt exited at start-up ({how}): {_reason(files)}")
+        if time.monotonic() > deadline:
+            stop_passt(files, pid)
+            raise QemuError(
+                f"{files.name}: passt did not start within {timeout_s:g} s: {_reason(files)}"
+            )
+        time.sleep(0.002)
+
+
+def _reason(files: VmFiles) -> str:
+    """passt's last log line (its errors say what failed), else the last line of QEMU's
+    log, where passt's own output goes (e.g. when it cannot open its log file)."""
+    for path in (passt_log(files), files.qemu_log):
+        try:
+            lines = path.read_text(errors="replace").split("\n")
+        except OSError:
+            continue
+        last = next((line for line in reversed(lines) if line.strip()), None)
+        if last:  # "0.0492: ERROR:   Failed to bind ..." -> "ERROR: Failed to bind ..."
+            return " ".join(_TIMESTAMP.sub("", last).split())
+    return "it logged nothing"

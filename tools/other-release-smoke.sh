@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Run the VM smoke tier (or any command) inside a root filesystem of the OTHER supported
+# Debian release: bookworm on a trixie host, trixie on a bookworm host.
+#
+# The root is built once with mmdebstrap and cached under the host's $FORKPOINT_HOME
+# (cache/rootfs-<suite>-<hash>); it has its own venv and its own forkpoint home (with
+# its own guest image), both inside it, so they are cached with it. It is entered with a
+# private mount and pid namespace + pivot_root, not chroot: passt and the image build
+# (mmdebstrap) need a real mount namespace, and the pid namespace ends every VM started
+# inside when the run ends. The repository is copied in (tracked and untracked files,
+# as git lists them): nothing inside writes into the checkout.
+#
+# usage: tools/other-release-smoke.sh [COMMAND...]   (root; default: the smoke tier)
+# env:   APT_PACKAGES (from the Makefile), FORKPOINT_HOME, OTHER_SUITE (override)
+set -euo pipefail
+
+# Bump when the way the root is built changes in a way the package list does not show.
+ROOT_LAYOUT=1
+
+if [ "${1:-}" = "--in-namespace" ]; then
+  # Step 2, as pid 1 of new mount + pid namespaces: mount, pivot_root, run step 3.
+  root=$2
+  shift 2
+  mount --bind "$root" "$root"
+  mount -t proc proc "$root/proc"
+  mount -t sysfs sysfs "$root/sys"
+  mount --rbind /dev "$root/dev" # /dev/kvm, /dev/net/tun, /dev/pts, /dev/shm
+  mount -t tmpfs -o mode=1777 tmpfs "$root/tmp" # as on Debian 13: /tmp is RAM-backed
+  mount -t tmpfs -o mode=755 tmpfs "$root/run"
+  cat /etc/resolv.conf >"$root/etc/resolv.conf"
+  mkdir -p "$root/.old-root"
+  cd "$root"
+  pivot_root . .old-root
+  exec chroot . /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -c 'umount -l /.old-root && rmdir /.old-root && exec "$@"' inner "$@"
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "other-release smoke: needs root (mmdebstrap, mount namespaces)" >&2
+  exit 2
+fi
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+host_suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+if [ -n "${OTHER_SUITE:-}" ]; then
+  suite=$OTHER_SUITE
+elif [ "$host_suite" = bookworm ]; then
+  suite=trixie
+else
+  suite=bookworm
+fi
+packages=$(echo ${APT_PACKAGES:?set by the Makefile} python3-venv make ca-certificates \
+  debian-archive-keyring procps | tr ' ' '\n' | sort -u | tr '\n' ' ')
+home=${FORKPOINT_HOME:-$HOME/.local/share/forkpoint}
+key=$(printf '%s\n' "$ROOT_LAYOUT" "$suite" $packages | sha256sum | cut -c1-12)
+root=$home/cache/rootfs-$suite-$key
+
+if [ ! -e "$root/.complete" ]; then
+  echo "other-release: building a $suite root filesystem (cached in $root)"
+  mkdir -p "$home/cache"
+  rm -rf "$root" "$root.tmp"
+  # Older roots of this suite are superseded (their namespaces ended with their runs).
+  rm -rf "$home/cache/rootfs-$suite-"*
+  mmdebstrap --quiet --variant=apt --skip=cleanup/apt/lists \
+    --include="$(echo $packages | tr ' ' ',')" \
+    "$suite" "$root.tmp" "deb http://deb.debian.org/debian $suite main"
+  touch "$root.tmp/.complete"
+  mv "$root.tmp" "$root"
+fi
+
+# A fresh copy of the checkout in the root, with what git lists (no venv, no caches).
+rm -rf "$root/root/forkpoint"
+mkdir -p "$root/root/forkpoint"
+(
+  cd "$repo"
+  git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+    tar --null -T - -cf -
+) | tar -C "$root/root/forkpoint" -xf -
+
+if [ $# -eq 0 ]; then
+  set -- /bin/bash -c '
+    set -euo pipefail
+    cd /root/forkpoint
+    # apt lists age; the guest image build asks apt for the kernel package.
+    if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name "*Packages*" -mmin -1440)" ]; then
+      apt-get update -qq
+    fi
+    make -s VENV=/root/venv setup
+    echo "other-release ($(. /etc/os-release && echo "$PRETTY_NAME"), Python $(python3 -V | cut -d" " -f2), $(qemu-system-x86_64 --version | head -1)):"
+    /root/venv/bin/python -m pytest -q -ra -p no:cacheprovider -m smoke "$@"
+  ' smoke
+fi
+
+started=$(date +%s)
+status=0
+unshare --mount --pid --fork --propagation private -- "$0" --in-namespace "$root" "$@" || status=$?
+echo "other-release ($suite): finished in $(($(date +%s) - started)) s, exit $status"
+exit $status
