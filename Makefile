@@ -11,7 +11,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium pa
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv bytecode image test demo lint bench clean
+.PHONY: setup apt venv bytecode image test other-release-smoke demo lint bench clean
 
 setup: apt venv bytecode image
 
@@ -43,6 +43,11 @@ image: apt venv
 
 test: setup
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# The VM smoke tier (pytest -m smoke) inside a root filesystem of the other supported
+# Debian release, built with mmdebstrap and cached under $$FORKPOINT_HOME/cache.
+other-release-smoke: apt
+	APT_PACKAGES="$(APT_PACKAGES)" tools/other-release-smoke.sh
 
 demo: setup
 	$(FP) demo --out $(DEMO_OUT)

@@ -4,11 +4,16 @@ Tests run in their own ``$FORKPOINT_HOME`` (``<home>/test-home``), so a test run
 touches a user's sessions; it shares the real home's image and download caches, so the
 guest image is built once. On a failing VM test, the QEMU log and serial console of the
 VMs it touched are shown.
+
+pytest's temporary directories (``tmp_path``; RAM files, disk images, 100 MiB transfers:
+about 1 GB a run) live in ``<test-home>/pytest-tmp``, not in ``/tmp`` (RAM-backed on
+Debian 13), and are removed when the run passes; a failed run keeps them to look at.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Generator
 
@@ -84,9 +89,20 @@ def _remove_all_test_sessions() -> None:
         rt.close()
 
 
+_OWN_BASETEMP = home().root / "pytest-tmp"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path plugin reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None:
+        config.option.basetemp = str(_OWN_BASETEMP)  # pytest empties it at the start
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _remove_all_test_sessions()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _remove_all_test_sessions()
+    if exitstatus == pytest.ExitCode.OK and session.config.option.basetemp == str(_OWN_BASETEMP):
+        shutil.rmtree(_OWN_BASETEMP, ignore_errors=True)

@@ -99,6 +99,7 @@ def with_agent(connect: Connect, body: Callable[[AgentClient], Awaitable[Any]]) 
     return asyncio.run(run())
 
 
+@pytest.mark.smoke
 def test_exec_passes_exit_codes_and_separates_output(vm: Connect) -> None:
     async def body(agent: AgentClient) -> None:
         for code in (0, 1, 42):

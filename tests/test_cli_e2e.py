@@ -77,6 +77,7 @@ def server_pids(session_id: str) -> list[int]:
     return [p["pid"] for p in processes if "http.server" in p["cmd"]]
 
 
+@pytest.mark.smoke
 def test_checkpoint_fork_rollback_story() -> None:
     sessions: list[str] = []
     checkpoint_id: str | None = None

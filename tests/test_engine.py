@@ -97,6 +97,7 @@ def parent(rt: Runtime) -> Iterator[Session]:
         run(rt.remove_checkpoint(checkpoint_id))
 
 
+@pytest.mark.smoke
 def test_forks_run_the_same_process_from_its_checkpointed_state(
     rt: Runtime, parent: Session
 ) -> None:
@@ -137,6 +138,7 @@ def test_forks_run_the_same_process_from_its_checkpointed_state(
     run(scenario())
 
 
+@pytest.mark.smoke
 def test_rollback_brings_back_files_and_the_killed_process(rt: Runtime, parent: Session) -> None:
     async def scenario() -> None:
         pid, at_checkpoint = await _count(rt, parent.id)

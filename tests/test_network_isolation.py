@@ -75,6 +75,7 @@ def _host_addresses() -> list[str]:
     return [line.split()[3].split("/")[0] for line in out.stdout.splitlines()]
 
 
+@pytest.mark.smoke
 def test_guest_cannot_reach_host_loopback_and_forwards_are_loopback_only(
     loopback_service: int,
 ) -> None:

@@ -39,6 +39,7 @@ def vm_files(tmp_path: Path) -> Iterator[VmFiles]:
     remove_passt_log(files)
 
 
+@pytest.mark.smoke
 @needs_passt
 def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: VmFiles) -> None:
     with socket.socket() as taken:
@@ -58,6 +59,7 @@ def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: 
     assert not is_running(pid, vm_files.name)
 
 
+@pytest.mark.smoke
 @needs_passt
 def test_passt_that_starts_is_ready_and_logs_outside_forkpoint_home(vm_files: VmFiles) -> None:
     pid = start_passt(vm_files, [])
