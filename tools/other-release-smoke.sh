@@ -28,10 +28,14 @@ if [ "${1:-}" = "--in-namespace" ]; then
   mount -t tmpfs -o mode=1777 tmpfs "$root/tmp" # as on Debian 13: /tmp is RAM-backed
   mount -t tmpfs -o mode=755 tmpfs "$root/run"
   cat /etc/resolv.conf >"$root/etc/resolv.conf"
+  # Trust what the host trusts (pip and apt may sit behind a TLS-inspecting proxy).
+  mount --bind -o ro /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
   mkdir -p "$root/.old-root"
   cd "$root"
   pivot_root . .old-root
-  exec chroot . /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
+  # A clean environment, but the host's proxy settings still apply.
+  proxy_env=$(env | grep -iE '^(https?|no)_proxy=' || true)
+  exec chroot . /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" $proxy_env \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c 'umount -l /.old-root && rmdir /.old-root && exec "$@"' inner "$@"
 fi
