@@ -38,11 +38,19 @@ _MAX_BANDWIDTH = 64 << 30  # bytes/s
 class Machine:
     """A QEMU process plus its QMP connection; ``build`` says which QMP it speaks."""
 
-    def __init__(self, files: VmFiles, pid: int, qmp: Qmp, build: QemuBuild) -> None:
+    def __init__(self, files: VmFiles, pid: int, qmp: Qmp, build: QemuBuild | None) -> None:
         self.files = files
         self.pid = pid
-        self.build = build
+        self._build = build
         self._qmp = qmp
+
+    @property
+    def build(self) -> QemuBuild:
+        # Identified only when needed: an adopted VM that is only resumed (every agent
+        # call) must not pay for hashing the QEMU binary.
+        if self._build is None:
+            self._build = qemu_build()
+        return self._build
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -142,15 +150,15 @@ class Machine:
     async def adopt(
         cls, files: VmFiles, pid: int, timeout_s: float = 5.0, build: QemuBuild | None = None
     ) -> Machine:
-        """Reconnect to a QEMU started by another process (of ``build``, default: the
-        one in use; a checkpoint's manifest pins the build its VMs run).
+        """Reconnect to a QEMU started by another process (of ``build``; default: the one
+        in use, identified when first needed; a checkpoint's manifest pins its VMs' build).
 
         :raises QemuError: the process is gone or its monitor does not answer.
         """
         if not is_running(pid, files.name):
             raise QemuError(f"{files.name}: QEMU process {pid} is not running")
         qmp = await Qmp.connect(files.qmp_socket, timeout_s, files.name)
-        return cls(files, pid, qmp, build or qemu_build())
+        return cls(files, pid, qmp, build)
 
     def is_running(self) -> bool:
         return is_running(self.pid, self.files.name)
