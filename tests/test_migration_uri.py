@@ -31,7 +31,8 @@ _FDSET = 3  # what the fake answers add-fd with: the URI must use QEMU's number
 class FakeQemuMonitor:
     """Answers QMP on ``path`` like a QEMU whose migrations complete at once."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, state: str) -> None:
+        self.state = state  # QEMU's run state
         self.commands: list[tuple[str, dict[str, Any]]] = []
         self.fd_modes: list[int] = []  # O_ACCMODE of each descriptor passed to us
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -41,8 +42,11 @@ class FakeQemuMonitor:
         self._thread.start()
 
     def _reply(self, command: str) -> Any:
+        # Loads and saves complete at once.
+        moves = {"stop": "paused", "cont": "running", "migrate-incoming": "paused"}
+        self.state = moves.get(command, self.state)
         return {
-            "query-status": {"status": "paused", "running": False},
+            "query-status": {"status": self.state, "running": self.state == "running"},
             "query-migrate": {"status": "completed"},
             "add-fd": {"fdset-id": _FDSET, "fd": 42},
         }.get(command, {})
@@ -81,10 +85,10 @@ class FakeQemuMonitor:
 
 
 def run_on_fake_qemu(
-    tmp_path: Path, version: str, action: Callable[[Machine], Awaitable[object]]
+    tmp_path: Path, version: str, state: str, action: Callable[[Machine], Awaitable[object]]
 ) -> FakeQemuMonitor:
-    """Run ``action`` on a Machine whose monitor is the fake; returns the fake."""
-    monitor = FakeQemuMonitor(tmp_path / "qmp.sock")
+    """Run ``action`` on a Machine whose monitor is the fake (in run ``state``)."""
+    monitor = FakeQemuMonitor(tmp_path / "qmp.sock", state)
     build = QemuBuild(binary=Path("/nonexistent/qemu"), version=version, digest="0" * 16)
 
     async def scenario() -> None:
@@ -121,7 +125,9 @@ def test_restore_loads_through_file_uri_from_qemu_8_2_and_fd_before(
 ) -> None:
     state = tmp_path / "state"
     state.write_bytes(b"QEVM")
-    monitor = run_on_fake_qemu(tmp_path, version, lambda vm: vm.restore(state, run=False))
+    monitor = run_on_fake_qemu(
+        tmp_path, version, "inmigrate", lambda vm: vm.restore(state, run=False)
+    )
     assert monitor.commands[: len(expected)] == expected
     assert monitor.fd_modes == [os.O_RDONLY]  # an fd set matches the mode QEMU opens with
 
@@ -136,7 +142,9 @@ def test_restore_loads_through_file_uri_from_qemu_8_2_and_fd_before(
 def test_full_state_save_writes_through_file_uri_on_new_qemu(
     tmp_path: Path, version: str, uri: str, fd_commands: list[tuple[str, dict[str, Any]]]
 ) -> None:
-    monitor = run_on_fake_qemu(tmp_path, version, lambda vm: vm.save_state(tmp_path / "saved"))
+    monitor = run_on_fake_qemu(
+        tmp_path, version, "running", lambda vm: vm.save_state(tmp_path / "saved")
+    )
     names = [name for name, _ in monitor.commands]
     assert names[names.index("stop") + 1 : names.index("migrate")] == [
         name for name, _ in fd_commands
