@@ -114,7 +114,8 @@ def test_create_fails_in_under_5_s_when_passt_cannot_start(passt_that_cannot_sta
         assert "\n" not in raised.value.message
         # Nothing left: no session, no VM, no disk layer, no log.
         assert {s.id for s in rt.list_sessions()} == sessions_before
-        assert sorted(rt.home.layers.glob("*.qcow2")) == layers_before
+        # (an unused layer of the template boot may be collected meanwhile: fewer is fine)
+        assert not set(rt.home.layers.glob("*.qcow2")) - set(layers_before)
         new_ids = {p.name for p in rt.home.sessions.iterdir()} - sessions_before
         assert not [d for d in new_ids if not d.startswith("template-")]
         vm_name = raised.value.message.split(":", 1)[0]
