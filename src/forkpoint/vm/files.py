@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,8 @@ class VmFiles:
         preferred = self.dir / "run"
         if len(str(preferred)) <= _MAX_SOCKET_DIR:
             return preferred
-        import hashlib  # here: only a path too long for a unix socket needs it
+        import hashlib  # here: only a path too long for a unix socket needs them
+        import tempfile
 
         digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:16]
         return Path(tempfile.gettempdir()) / f"forkpoint-{digest}"

@@ -1,0 +1,195 @@
+"""forkpoint's data model: one type per concept, and every limit, defined once.
+
+These are the values users see. The runtime returns them, the REST API declares them as
+its response types, the CLI prints them with ``--json``, MCP tools return them, and the SDK
+parses its responses into them. Guest-side values that cross the agent protocol unchanged
+(a process, a directory entry, a started background process) are the
+:mod:`forkpoint.protocol` dataclasses, re-exported here under their public names. The
+request bodies, with these limits as validation rules, are :mod:`forkpoint.requests`.
+
+Commands and processes are in ``models/commands.py``, wire-only values (errors, health) in
+``models/wire.py``; all are imported from here, and load on first use. Frozen
+standard-library dataclasses, not pydantic models, on purpose: importing this package costs
+next to nothing, so ``forkpoint ls --json`` stays fast (pydantic alone takes longer to
+import than the whole command may). pydantic validates and serialises these dataclasses
+wherever it is already loaded (REST, SDK, MCP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, is_dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from forkpoint.models.commands import (
+        CommandResult,
+        ProcessEvent,
+        ProcessEventKind,
+        TrackedProcess,
+    )
+    from forkpoint.models.wire import ErrorDetail, ErrorResponse, Health
+    from forkpoint.protocol.models import DirEntry as FileEntry
+    from forkpoint.protocol.models import ProcessInfo as Process
+    from forkpoint.protocol.models import SpawnResult as BackgroundProcess
+    from forkpoint.protocol.models import StatResult as FileStat
+
+# Loaded on first use (PEP 562): `forkpoint ls --json` must not pay for what it does not
+# need (the protocol package, a dozen more dataclasses) — see "CLI start-up" in the docs.
+_LAZY = {
+    "FileEntry": ("forkpoint.protocol.models", "DirEntry"),
+    "Process": ("forkpoint.protocol.models", "ProcessInfo"),
+    "BackgroundProcess": ("forkpoint.protocol.models", "SpawnResult"),
+    "FileStat": ("forkpoint.protocol.models", "StatResult"),
+    "CommandResult": ("forkpoint.models.commands", "CommandResult"),
+    "ProcessEvent": ("forkpoint.models.commands", "ProcessEvent"),
+    "ProcessEventKind": ("forkpoint.models.commands", "ProcessEventKind"),
+    "TrackedProcess": ("forkpoint.models.commands", "TrackedProcess"),
+    "ErrorDetail": ("forkpoint.models.wire", "ErrorDetail"),
+    "ErrorResponse": ("forkpoint.models.wire", "ErrorResponse"),
+    "Health": ("forkpoint.models.wire", "Health"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+__all__ = [
+    "ID_PATTERN",
+    "MAX_CPUS",
+    "MAX_FORKS",
+    "MAX_MEMORY_MIB",
+    "MAX_PORTS",
+    "MIN_MEMORY_MIB",
+    "NAME_PATTERN",
+    "BackgroundProcess",
+    "Checkpoint",
+    "CheckpointKind",
+    "CommandResult",
+    "ErrorDetail",
+    "ErrorResponse",
+    "FileEntry",
+    "FileStat",
+    "Health",
+    "Network",
+    "OutputEncoding",
+    "Port",
+    "Process",
+    "ProcessEvent",
+    "ProcessEventKind",
+    "Session",
+    "SessionState",
+    "TrackedProcess",
+    "to_json_data",
+]
+
+# -- limits ----------------------------------------------------------------------------
+
+MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
+MAX_CPUS = 64
+MAX_FORKS = 64  # sessions one fork call may start
+MAX_PORTS = 64  # guest ports forwarded at create
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+ID_PATTERN = r"^[sc]-[0-9a-f]{10}$"  # names may not look like this (ids and names share refs)
+
+OutputEncoding = Literal["text", "base64"]
+
+
+# -- states ----------------------------------------------------------------------------
+
+
+class SessionState(StrEnum):
+    """Lifecycle of a session. ``crashed``: its QEMU died without being asked to."""
+
+    CREATING = "creating"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+
+
+class Network(StrEnum):
+    """Guest networking: ``user`` (outbound + forwards) or ``none`` (a NIC with nothing
+    behind it)."""
+
+    USER = "user"
+    NONE = "none"
+
+
+class CheckpointKind(StrEnum):
+    """``user``: made on request; ``template``: an image booted to "agent ready"."""
+
+    USER = "user"
+    TEMPLATE = "template"
+
+
+# -- values ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Port:
+    """A guest port forwarded to ``127.0.0.1:host_port`` on the host (never elsewhere).
+    ``url`` is always ``http://127.0.0.1:<host_port>`` (derived, whatever is passed)."""
+
+    guest_port: int
+    host_port: int
+    url: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", f"http://127.0.0.1:{self.host_port}")
+
+
+@dataclass(frozen=True)
+class Session:
+    """One session (one microVM). ``id`` is stable across rollbacks; ``created_at`` is
+    ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
+    it was last restored from."""
+
+    id: str
+    name: str | None
+    image: str
+    state: SessionState
+    created_at: str
+    parent_checkpoint: str | None
+    memory_mib: int
+    cpus: int
+    network: Network
+    ports: tuple[Port, ...] = ()
+
+    def port(self, guest_port: int) -> Port | None:
+        """The forward of ``guest_port``, if there is one."""
+        return next((p for p in self.ports if p.guest_port == guest_port), None)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An immutable checkpoint: memory, device state and disk of a session at one moment.
+    ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward."""
+
+    id: str
+    session_id: str
+    name: str | None
+    kind: CheckpointKind
+    created_at: str
+    parent_checkpoint: str | None
+    image: str
+    size_bytes: int
+    duration_ms: float
+    pause_ms: float
+    guest_ports: tuple[int, ...] = ()
+
+
+def to_json_data(value: Any) -> Any:
+    """``value`` (these values, lists/tuples of them, dicts, enums) as plain JSON data."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_json_data(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_json_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_data(v) for v in value]
+    return value
