@@ -61,7 +61,7 @@ def running_gateway(*extra: str) -> Iterator[Gateway]:
                     err = proc.stderr.read().decode() if proc.stderr else ""
                     raise RuntimeError(f"the E2B gateway did not start: {err}") from None
                 time.sleep(0.1)
-        gateway = Gateway(port, proxy_port, (home().root / "token").read_text().strip())
+        gateway = Gateway(port, proxy_port, home().token.read_text().strip())
         saved = {k: os.environ.get(k) for k in gateway.env}
         os.environ.update(gateway.env)
         try:

@@ -40,6 +40,11 @@ class Home:
     def cache(self) -> Path:
         return self.root / "cache"
 
+    @property
+    def token(self) -> Path:
+        """The API token ``forkpoint serve --port`` writes (also the E2B API key)."""
+        return self.root / "token"
+
     def ensure(self) -> Home:
         for path in (self.images, self.sessions, self.checkpoints, self.layers, self.cache):
             path.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ async def measure_e2b(
     from forkpoint.server import bind_tcp
 
     api, proxy = bind_tcp("127.0.0.1", 0), bind_tcp("127.0.0.1", 0)
-    token = TokenFile(runtime.home.root / "token")
+    token = TokenFile(runtime.home.token)
     if not token():
         from forkpoint.server import write_token
 

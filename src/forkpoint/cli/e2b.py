@@ -49,7 +49,7 @@ def env_command(
     """Print `export E2B_…` lines for `eval "$(forkpoint e2b env)"`."""
     from forkpoint.config import home
 
-    token_path = home().root / "token"
+    token_path = home().token
     if not token_path.exists():
         raise InvalidInput(f"no API token at {token_path}: start `forkpoint serve --e2b` first")
     variables = e2b_env(port, proxy_port, token_path.read_text().strip())
@@ -89,7 +89,7 @@ def serve_e2b(
         except (Conflict, OSError):
             pass  # no IPv6 here: IPv4 alone serves
     runtime = Runtime.open()
-    token_path = runtime.home.root / "token"
+    token_path = runtime.home.token
     if not token_path.exists():
         from forkpoint.server import write_token
 

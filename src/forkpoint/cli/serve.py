@@ -95,7 +95,7 @@ def serve_command(
         else:
             sock = bind_tcp(host, port)
             bound = sock.getsockname()[1]
-            token_path = runtime.home.root / "token"
+            token_path = runtime.home.token
             token = write_token(token_path)
             err_console.print(
                 f"forkpoint API on http://{host}:{bound} (bearer token in {token_path})",
