@@ -24,6 +24,7 @@ same fields on the other side (the SDK over REST raises what the runtime raised)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "NotFound",
     "QemuError",
     "UnknownPackage",
+    "code_for_status",
 ]
 
 
@@ -142,11 +144,22 @@ class ImageBuildError(InternalError):
     code = "image_build_failed"
 
 
+@functools.cache
 def _by_code() -> dict[str, type[ForkpointError]]:
     """Each code's class; where several share one (``internal``), the most general."""
     table: dict[str, type[ForkpointError]] = {}
     for name in __all__:
         cls = globals()[name]
-        table.setdefault(cls.code, cls)
+        if isinstance(cls, type) and issubclass(cls, ForkpointError):
+            table.setdefault(cls.code, cls)
     table["internal"] = InternalError
     return table
+
+
+def code_for_status(status: int) -> str:
+    """The code of the most general error answered with HTTP ``status`` (for a body that
+    names none): ``invalid_input`` for another 4xx, ``internal`` otherwise."""
+    answering = [cls for cls in _by_code().values() if cls.http_status == status]
+    if answering:
+        return min(answering, key=lambda cls: len(cls.__mro__)).code
+    return "invalid_input" if 400 <= status < 500 else "internal"

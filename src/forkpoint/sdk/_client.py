@@ -24,7 +24,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from forkpoint.config import home
-from forkpoint.errors import ForkpointError, InternalError, InvalidInput
+from forkpoint.errors import ForkpointError, InternalError, InvalidInput, code_for_status
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
@@ -54,9 +54,7 @@ def error_from_response(status: int, payload: object) -> ForkpointError:
     body = payload.get("error") if isinstance(payload, dict) else None
     if isinstance(body, dict) and "code" in body:
         return ForkpointError.from_dict(body)
-    fallback = {404: "not_found", 408: "timeout", 409: "conflict"}.get(status)
-    code = fallback or ("invalid_input" if 400 <= status < 500 else "internal")
-    return ForkpointError.from_dict({"code": code, "message": f"HTTP {status}"})
+    return ForkpointError.from_dict({"code": code_for_status(status), "message": f"HTTP {status}"})
 
 
 class ApiClient:
@@ -239,7 +237,7 @@ def _seg(value: str) -> str:
 def _local_token() -> str | None:
     """``$FORKPOINT_TOKEN``, else the token file a local ``forkpoint serve --port`` wrote."""
     token = os.environ.get("FORKPOINT_TOKEN")
-    token_file = home().root / "token"
+    token_file = home().token
     if token is None and token_file.is_file():
         token = token_file.read_text().strip()
     return token
