@@ -11,8 +11,6 @@ import stat as stat_mod
 from datetime import UTC, datetime
 from typing import Any
 
-from forkpoint.errors import InvalidInput, NotFound
-
 from .connect import ConnectError
 from .context import EnvdCall
 
@@ -99,13 +97,7 @@ async def _move(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _remove(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
-    path = _path(message)
-    try:
-        await call.runtime.remove_file(call.sandbox_id, path)
-    except InvalidInput as error:
-        raise ConnectError("invalid_argument", error.message) from None
-    except NotFound as error:
-        raise ConnectError("not_found", error.message) from None
+    await call.runtime.remove_file(call.sandbox_id, _path(message))
     return {}
 
 
