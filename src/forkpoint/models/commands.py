@@ -4,7 +4,7 @@ a process the agent tracks. Part of :mod:`forkpoint.models` (import them from th
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from forkpoint.models import OutputEncoding
@@ -60,13 +60,11 @@ class CommandResult:
 
     def as_text(self) -> CommandResult:
         """The same result with text output; ``stdout_bytes`` stay exact."""
-        raw = self.stdout_bytes, self.stderr_bytes
-        text = replace(
-            self, stdout=raw[0].decode("utf-8", "replace"),
-            stderr=raw[1].decode("utf-8", "replace"), encoding="text",
+        return CommandResult.of(
+            exit_code=self.exit_code, signal=self.signal, stdout=self.stdout_bytes,
+            stderr=self.stderr_bytes, truncated=self.truncated, duration_ms=self.duration_ms,
+            pid=self.pid,
         )  # fmt: skip
-        object.__setattr__(text, "_raw", raw)
-        return text
 
     def _bytes(self, index: int, text: str) -> bytes:
         raw: tuple[bytes, bytes] | None = getattr(self, "_raw", None)
