@@ -100,13 +100,22 @@ class LocalAgent:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+        # A connection the agent made just before it died may still be mid-accept (asyncio
+        # accepts in a task of its own, which fails without closing the socket if the server
+        # closed meanwhile): let those finish first, or the socket leaks and its ResourceWarning
+        # fails whichever test happens to run next.
+        await asyncio.sleep(0)  # accepts what is still in the listen backlog
+        in_flight = asyncio.all_tasks() - {asyncio.current_task()}
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=1)
+        if self.server is not None:
+            self.server.close()
         for w in self.writers:
             w.close()
         for w in self.writers:  # closed for real before the loop ends (no ResourceWarning)
             with contextlib.suppress(OSError):
                 await w.wait_closed()
         if self.server is not None:
-            self.server.close()
             await self.server.wait_closed()
 
 
