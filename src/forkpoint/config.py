@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Home", "home"]
+__all__ = ["Home", "LimitDefaults", "home"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,36 @@ def home() -> Home:
     env = os.environ.get("FORKPOINT_HOME")
     root = Path(env) if env else Path.home() / ".local" / "share" / "forkpoint"
     return Home(root.expanduser().resolve())
+
+
+# -- per-session resource limits (cgroups) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitDefaults:
+    """Per-session limits that do not follow from the machine's shape.
+
+    ``pids_max`` (``FORKPOINT_PIDS_MAX``) bounds QEMU's threads plus passt: QEMU has ≈ 4 +
+    one per vCPU, and up to 64 more in its block I/O pool under load. ``io_weight``
+    (``FORKPOINT_IO_WEIGHT``, cgroup v2's scale 1–10000, 100 = everyone equal).
+    """
+
+    pids_max: int = 256
+    io_weight: int = 100
+
+    @classmethod
+    def from_env(cls) -> LimitDefaults:
+        """:raises ValueError: a variable is set to something out of range (one line)."""
+        return cls(
+            pids_max=_env_int("FORKPOINT_PIDS_MAX", cls.pids_max, 32, 1 << 22),
+            io_weight=_env_int("FORKPOINT_IO_WEIGHT", cls.io_weight, 1, 10000),
+        )
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}, not {raw!r}")
+    return int(raw)

@@ -23,7 +23,7 @@ from forkpoint.cli.core import get_session, list_sessions
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.models import Port, Session
+    from forkpoint.models import Limits, Port, Session
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -124,12 +124,29 @@ def show_command(
         ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
+        ("limits", _limits(s.limits)),
     ]
     for key, value in rows:
         console.print(f"[bold]{key:<8}[/] {value}", highlight=False)
     if s.ports:
         console.print("[bold]ports[/]", highlight=False)
         print_ports(s)
+
+
+def _limits(limits: Limits | None) -> str:
+    """The cgroup limits in force, and what is not enforced (in bold: it should be)."""
+    if limits is None:
+        return "- (no VM running)"
+    shown = [
+        f"memory {limits.memory_bytes >> 20} MiB" if limits.memory_bytes is not None else "",
+        f"cpu {limits.cpus:g}" if limits.cpus is not None else "",
+        f"pids {limits.pids_max}" if limits.pids_max is not None else "",
+        f"io weight {limits.io_weight}" if limits.io_weight is not None else "",
+    ]
+    text = ", ".join(part for part in shown if part) or "none"
+    if limits.not_enforced:
+        text += f"; [bold]not enforced: {', '.join(limits.not_enforced)}[/]"
+    return text
 
 
 @reports_errors

@@ -77,6 +77,7 @@ __all__ = [
     "FileEntry",
     "FileStat",
     "Health",
+    "Limits",
     "Network",
     "OutputEncoding",
     "Port",
@@ -145,6 +146,20 @@ class Port:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The resource limits in force on a session's VM (QEMU and passt), read back from
+    its cgroup: memory in bytes (guest RAM + QEMU's bounded overhead, no swap), CPU time
+    as a number of CPUs, tasks, and I/O weight (1–10000, 100 = equal share). ``None``
+    and a name in ``not_enforced``: this host does not enforce it (see the docs)."""
+
+    memory_bytes: int | None
+    cpus: float | None
+    pids_max: int | None
+    io_weight: int | None
+    not_enforced: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Session:
     """One session (one microVM). ``id`` is stable across rollbacks; ``created_at`` is
     ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
@@ -160,6 +175,7 @@ class Session:
     cpus: int
     network: Network
     ports: tuple[Port, ...] = ()
+    limits: Limits | None = None  # None: no VM running, or none of its cgroups exist
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""

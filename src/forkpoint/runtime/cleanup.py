@@ -31,6 +31,11 @@ def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
 
 
 def remove_session_files(files: VmFiles) -> None:
+    """Everything a session leaves on the host once its processes are gone: its
+    directories, passt's log and its cgroup."""
+    from .limits import remove_cgroup  # here: queries load this module, never cgroups'
+
+    remove_cgroup(files.dir.name)
     shutil.rmtree(files.dir, ignore_errors=True)
     shutil.rmtree(files.sock_dir, ignore_errors=True)
     remove_passt_log(files)  # under /tmp, not in the session's directory (AppArmor)

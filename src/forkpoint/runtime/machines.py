@@ -28,6 +28,7 @@ from forkpoint.vm import (
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .limits import prepare_cgroup
 from .manifest import CheckpointFiles
 
 __all__ = [
@@ -144,18 +145,22 @@ async def start_restored(
         overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
     )
     network = spec.network == Network.USER
+    # The session's cgroup (made once, reused by rollbacks): QEMU and passt go in before
+    # the VM runs. Named by the session id, the name of its directory.
+    cgroup = await asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape)
     machine: Machine | None = None
     passt_pid = None
     try:
         machine = await Machine.launch(
             qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
-            ram=spec.checkpoint.ram, network=network, incoming=True,
+            ram=spec.checkpoint.ram, network=network, incoming=True, cgroup=cgroup,
         )  # fmt: skip
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
                 nonlocal passt_pid
                 passt_pid = await asyncio.to_thread(start_passt, files, list(spec.forwards))
+                cgroup.attach(passt_pid)
 
             await machine.attach_network(connect)
         await machine.restore(spec.checkpoint.state, run=False)

@@ -13,6 +13,7 @@ from forkpoint.config import Home
 from forkpoint.errors import InternalError
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
+from forkpoint.vm.cgroups import join_cgroups_of
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
 __all__ = ["HostPorts"]
@@ -57,5 +58,7 @@ class HostPorts:
             stop_passt(files, pid)
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
         pid = start_passt(files, forwards)
+        if record.qemu_pid:
+            join_cgroups_of(record.qemu_pid, pid)  # the session's cgroup, beside its QEMU
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)

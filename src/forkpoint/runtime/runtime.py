@@ -58,6 +58,7 @@ from . import processes
 from .agents import AgentPool
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .limits import sweep_cgroups
 from .lineage import lineage, rollback_target
 from .machines import (
     AGENT_READY_TIMEOUT_S,
@@ -138,8 +139,10 @@ class Runtime(Queries):
         """Delete disk layers nothing depends on any more; returns their names.
 
         Opportunistic: skipped while another process builds an image template (its base
-        layer has no referrer until the template checkpoint exists).
+        layer has no referrer until the template checkpoint exists). Empty cgroups of
+        sessions that are gone are removed too.
         """
+        sweep_cgroups({r.id for r in self.store.list_sessions()})
         return collect_layers(self.home, self.store)
 
     # -- create ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from forkpoint.errors import QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
+from forkpoint.vm.cgroups import SessionCgroup
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
@@ -66,9 +67,11 @@ class Machine:
         ram: Path | None = None,
         network: bool,
         incoming: bool,
+        cgroup: SessionCgroup | None = None,
     ) -> Machine:
         """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
         ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
+        ``cgroup``: QEMU is moved into it before the guest runs.
 
         With ``network`` the caller connects the network backend (passt) before the VM
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
@@ -81,7 +84,11 @@ class Machine:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
         argv = build_argv(build, shape, boot, files, disk, ram, network=network, incoming=incoming)
-        pid = spawn_detached(argv, files.qemu_log)
+        # A booting guest waits (-S) until QEMU is in its cgroup; a restore waits anyway.
+        hold = cgroup is not None and not incoming
+        pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log)
+        if cgroup is not None:
+            cgroup.attach(pid)
         try:
             qmp = await Qmp.connect(
                 files.qmp_socket,
@@ -89,6 +96,8 @@ class Machine:
                 files.name,
                 alive=lambda: is_running(pid, files.name),
             )
+            if hold:
+                await qmp.run("cont")
             return cls(files, pid, qmp, build)
         except QemuError as error:
             raise _start_failed(files, pid, error) from None
@@ -136,12 +145,14 @@ class Machine:
         *,
         ram: Path | None = None,
         state: Path | None = None,
+        cgroup: SessionCgroup | None = None,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
-            build, shape, boot, files, disk, ram=ram, network=False, incoming=state is not None
-        )
+            build, shape, boot, files, disk, ram=ram, network=False, incoming=state is not None,
+            cgroup=cgroup,
+        )  # fmt: skip
         if state is not None:
             await machine.restore(state)
         return machine
