@@ -160,7 +160,7 @@ async def start_restored(
             async def connect() -> None:
                 nonlocal passt_pid
                 passt_pid = await asyncio.to_thread(start_passt, files, list(spec.forwards))
-                cgroup.attach(passt_pid)
+                await asyncio.to_thread(cgroup.attach, passt_pid)
 
             await machine.attach_network(connect)
         await machine.restore(spec.checkpoint.state, run=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import time
 from collections.abc import Collection
@@ -36,6 +37,7 @@ __all__ = [
     "ResourceLimits",
     "SessionCgroup",
     "join_cgroups_of",
+    "limits_from",
     "limits_in_force",
     "parse_hierarchies",
 ]
@@ -280,12 +282,22 @@ def _make(hierarchy: Hierarchy, directory: Path, controller: str) -> None:
 
 def _enable(parent: Path, controller: str) -> None:
     control = parent / "cgroup.subtree_control"
-    if controller not in control.read_text().split():
+    if controller in control.read_text().split():
+        return
+    try:
         control.write_text(f"+{controller}")
+    except OSError as error:
+        hint = ""
+        if error.errno == errno.EBUSY:
+            hint = ": it has processes of its own; run forkpoint in a cgroup of its own"
+        raise OSError(
+            error.errno, f"cannot enable it for {parent}'s children ({error.strerror}){hint}"
+        ) from None
 
 
 def _why(error: OSError) -> str:
-    where = f" ({error.filename})" if error.filename else ""
+    """The reason, the same for every VM (it is reported once): names the file only."""
+    where = f" ({Path(error.filename).name})" if error.filename else ""
     return f"{error.strerror or error}{where}"
 
 
@@ -293,7 +305,10 @@ def _why(error: OSError) -> str:
 
 
 def _write(path: Path, value: object) -> None:
-    path.write_text(str(value))
+    try:
+        path.write_text(str(value))
+    except OSError as error:  # a failed write() names no file: say which
+        raise OSError(error.errno, error.strerror, str(path)) from None
 
 
 def _memory_v1(directory: Path, limits: ResourceLimits) -> None:
@@ -364,14 +379,18 @@ _WRITERS = {
 def limits_in_force(pid: int, host: CgroupHost | None = None) -> InForce | None:
     """The limits on process ``pid`` as its cgroup files say; None if it is in no VM
     cgroup of ours (gone, or started where no cgroup could be made)."""
-    host = host or CgroupHost.detect()
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return None
+    return limits_from(lines, host or CgroupHost.detect())
+
+
+def limits_from(proc_cgroup: list[str], host: CgroupHost) -> InForce | None:
+    """:func:`limits_in_force` of the process whose ``/proc/PID/cgroup`` has these lines."""
     where: dict[Hierarchy, Path] = {}
     for hierarchy in host.hierarchies:
-        path = _path_in(lines, hierarchy)
+        path = _path_in(proc_cgroup, hierarchy)
         if path is not None and path.parent.name == SUBTREE:
             where[hierarchy] = path
     if not where:

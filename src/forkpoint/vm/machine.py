@@ -87,15 +87,20 @@ class Machine:
         # A booting guest waits (-S) until QEMU is in its cgroup; a restore waits anyway.
         hold = cgroup is not None and not incoming
         pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log)
-        if cgroup is not None:
-            cgroup.attach(pid)
+        # Moved while QEMU starts up (a cgroup move can wait for an RCU grace period,
+        # milliseconds), and always before its guest runs.
+        attached = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, pid)) if cgroup else None
         try:
-            qmp = await Qmp.connect(
-                files.qmp_socket,
-                _START_TIMEOUT_S,
-                files.name,
-                alive=lambda: is_running(pid, files.name),
-            )
+            try:
+                qmp = await Qmp.connect(
+                    files.qmp_socket,
+                    _START_TIMEOUT_S,
+                    files.name,
+                    alive=lambda: is_running(pid, files.name),
+                )
+            finally:
+                if attached is not None:
+                    await attached
             if hold:
                 await qmp.run("cont")
             return cls(files, pid, qmp, build)
