@@ -141,15 +141,18 @@ async def start_restored(
     files = spec.files
     files.ensure()
     layer = new_layer_name()
-    await asyncio.to_thread(
-        overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
+    # The session's cgroup (made once, reused by rollbacks; named by the session id, its
+    # directory's name) is prepared while the new disk layer is copied.
+    _, cgroup = await asyncio.gather(
+        asyncio.to_thread(
+            overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
+        ),
+        asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
     )
     network = spec.network == Network.USER
-    # The session's cgroup (made once, reused by rollbacks): QEMU and passt go in before
-    # the VM runs. Named by the session id, the name of its directory.
-    cgroup = await asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape)
     machine: Machine | None = None
     passt_pid = None
+    passt_placed: asyncio.Future[None] | None = None
     try:
         machine = await Machine.launch(
             qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
@@ -158,12 +161,15 @@ async def start_restored(
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
-                nonlocal passt_pid
+                nonlocal passt_pid, passt_placed
                 passt_pid = await asyncio.to_thread(start_passt, files, list(spec.forwards))
-                await asyncio.to_thread(cgroup.attach, passt_pid)
+                # Moved while the state loads (a cgroup move can take milliseconds).
+                passt_placed = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, passt_pid))
 
             await machine.attach_network(connect)
         await machine.restore(spec.checkpoint.state, run=False)
+        if passt_placed is not None:
+            await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
         if loaded is not None:
             await loaded()
         await machine.run()
