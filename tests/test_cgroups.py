@@ -328,3 +328,13 @@ def test_real_v2_mount(sleeper: subprocess.Popen[bytes]) -> None:
     finally:
         (hierarchy.own / "cgroup.procs").write_text(str(sleeper.pid))
         directory.rmdir()
+
+
+def test_a_vm_outside_our_cgroups_shows_every_limit_not_enforced() -> None:
+    from forkpoint.runtime.models import limits_of
+
+    mine = limits_of(os.getpid())  # this process is in no VM cgroup
+    assert mine is not None
+    assert mine.not_enforced == ("memory", "cpu", "pids", "io")
+    assert mine.memory_bytes is None
+    assert limits_of(None) is None  # no VM: nothing to show
