@@ -4,6 +4,7 @@ the real hierarchies of this host (v1 controllers, and the v2 mount beside them)
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -20,6 +21,7 @@ from forkpoint.runtime.limits import (
     limits_for,
     report_not_enforced,
 )
+from forkpoint.vm import cgroups
 from forkpoint.vm.argv import TCG_TB_MIB
 from forkpoint.vm.cgroups import (
     CgroupHost,
@@ -169,6 +171,57 @@ def test_v2_without_controllers_reports_each(tmp_path: Path) -> None:
     cgroup = _v2_host(tmp_path, available="cpu").create("s-1", LIMITS)
     assert set(cgroup.not_enforced) == {"memory", "pids", "io"}
     assert cgroup.not_enforced["memory"] == "no cgroup hierarchy offers memory"
+
+
+def _busy_while_populated(monkeypatch: pytest.MonkeyPatch, own: Path) -> list[str]:
+    """cgroup v2's "no internal processes" rule, for ``own``: enabling a controller for
+    its children fails (EBUSY) while its cgroup.procs lists a process."""
+    moved: list[str] = []
+    real = cgroups._write_control
+
+    def write(control: Path, text: str) -> None:
+        if control.parent == own and not moved:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        real(control, text)
+
+    real_leave = cgroups._leave
+
+    def leave(own_: Path, base: Path) -> bool:
+        done = real_leave(own_, base)
+        if done:
+            moved.append(str(base))
+        return done
+
+    monkeypatch.setattr(cgroups, "_write_control", write)
+    monkeypatch.setattr(cgroups, "_leave", leave)
+    return moved
+
+
+def test_v2_alone_in_its_cgroup_forkpoint_moves_into_a_leaf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = _v2_host(tmp_path)
+    own = tmp_path / "system.slice/forkpoint.service"
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    moved = _busy_while_populated(monkeypatch, own)
+    cgroup = host.create("s-1", LIMITS)
+    assert cgroup.not_enforced == {}
+    assert moved
+    leaf = own / "forkpoint" / f"forkpoint-{os.getpid()}"
+    assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
+
+
+def test_v2_sharing_its_cgroup_forkpoint_moves_nobody(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = _v2_host(tmp_path)
+    own = tmp_path / "system.slice/forkpoint.service"
+    (own / "cgroup.procs").write_text(f"1\n{os.getpid()}\n")  # e.g. the user's shell
+    _busy_while_populated(monkeypatch, own)
+    cgroup = host.create("s-1", LIMITS)
+    assert set(cgroup.not_enforced) == {"memory", "cpu", "pids", "io"}
+    assert "other processes share forkpoint's cgroup" in cgroup.not_enforced["memory"]
+    assert not (own / "forkpoint" / f"forkpoint-{os.getpid()}").exists()
 
 
 def test_read_back_v1_and_v2(tmp_path: Path) -> None:

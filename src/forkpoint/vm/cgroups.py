@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -271,28 +272,51 @@ def _with_v2_controllers(hierarchy: Hierarchy) -> Hierarchy:
 
 def _make(hierarchy: Hierarchy, directory: Path, controller: str) -> None:
     if hierarchy.version == 2:
-        # Children get a controller only if every parent up to ours enabled it. Ours
-        # refuses (EBUSY) while it has processes of its own (the "no internal processes"
-        # rule): then forkpoint must run in a cgroup delegated to it, see the docs.
+        # Children get a controller only if every parent up to ours enabled it.
         for parent in (hierarchy.own, hierarchy.base):
             parent.mkdir(exist_ok=True)
-            _enable(parent, controller)
+            _enable(parent, controller, hierarchy.base)
     directory.mkdir(parents=True, exist_ok=True)
 
 
-def _enable(parent: Path, controller: str) -> None:
+def _enable(parent: Path, controller: str, base: Path) -> None:
     control = parent / "cgroup.subtree_control"
     if controller in control.read_text().split():
         return
     try:
-        control.write_text(f"+{controller}")
+        _write_control(control, f"+{controller}")
     except OSError as error:
+        # cgroup v2's "no internal processes" rule: a cgroup with processes of its own
+        # cannot enable controllers for children. If the only one is this process (a
+        # service with its own delegated cgroup), it moves into a leaf of our subtree,
+        # as systemd's delegation guide prescribes; it never moves anyone else.
+        if error.errno == errno.EBUSY and parent != base and _leave(parent, base):
+            _write_control(control, f"+{controller}")
+            return
         hint = ""
         if error.errno == errno.EBUSY:
-            hint = ": it has processes of its own; run forkpoint in a cgroup of its own"
+            hint = ": other processes share forkpoint's cgroup; run it in one of its own"
         raise OSError(
             error.errno, f"cannot enable it for {parent}'s children ({error.strerror}){hint}"
         ) from None
+
+
+def _write_control(control: Path, text: str) -> None:
+    control.write_text(text)
+
+
+def _leave(own: Path, base: Path) -> bool:
+    """Move this process from ``own`` (if it is alone there) into ``base/forkpoint-PID``."""
+    pid = os.getpid()
+    try:
+        if (own / "cgroup.procs").read_text().split() != [str(pid)]:
+            return False
+        leaf = base / f"{SUBTREE}-{pid}"
+        leaf.mkdir(parents=True, exist_ok=True)
+        (leaf / "cgroup.procs").write_text(str(pid))
+    except OSError:
+        return False
+    return True
 
 
 def _why(error: OSError) -> str:
