@@ -177,3 +177,30 @@ def test_rollback_puts_the_new_qemu_in_the_same_cgroup_and_rm_removes_it(
     run(rt.remove(other.id))
     for hierarchy in enforcing.values():
         assert not (hierarchy.base / other.id).exists()
+
+
+def test_without_writable_cgroups_sessions_still_run_and_say_so(rt: Runtime) -> None:
+    """A read-only cgroupfs (remounted so in a mount namespace of the CLI's own): create
+    works, each limit is reported once on stderr, and shown as not enforced."""
+    mounts = [str(h.mount) for h in CgroupHost.detect().hierarchies]
+    if os.geteuid() != 0 or not mounts:
+        pytest.skip("needs root (a mount namespace) and cgroup mounts")
+    (home().root / "limits-reported").unlink(missing_ok=True)
+    remount = "; ".join(f"mount -o remount,bind,ro {m}" for m in mounts)
+    script = f"{remount} && exec {sys.executable} -m forkpoint.cli.app create --json"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    created = json.loads(done.stdout)
+    try:
+        assert created["limits"]["not_enforced"] == ["memory", "cpu", "pids", "io"]
+        assert created["limits"]["memory_bytes"] is None
+        warned = [line for line in done.stderr.splitlines() if "limit not enforced" in line]
+        assert len(warned) == 4 and all("Read-only file system" in w for w in warned), warned
+        shown = rt.get(created["id"]).limits
+        assert shown is not None and shown.not_enforced == ("memory", "cpu", "pids", "io")
+        assert run(rt.exec(created["id"], "echo ok")).stdout == "ok\n"
+    finally:
+        run(rt.remove(created["id"]))

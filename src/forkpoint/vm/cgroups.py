@@ -320,8 +320,12 @@ def _leave(own: Path, base: Path) -> bool:
 
 
 def _why(error: OSError) -> str:
-    """The reason, the same for every VM (it is reported once): names the file only."""
-    where = f" ({Path(error.filename).name})" if error.filename else ""
+    """The reason, the same for every VM (it is reported once): names a control file, or
+    the directory a VM's cgroup could not be made in."""
+    where = ""
+    if error.filename:
+        path = Path(error.filename)
+        where = f" ({path.name})" if "." in path.name else f" (making cgroups in {path.parent})"
     return f"{error.strerror or error}{where}"
 
 
