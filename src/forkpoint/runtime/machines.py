@@ -28,7 +28,7 @@ from forkpoint.vm import (
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
-from .limits import prepare_cgroup
+from .limits import prepare_cgroup, report_not_enforced
 from .manifest import CheckpointFiles
 
 __all__ = [
@@ -149,6 +149,7 @@ async def start_restored(
         ),
         asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
     )
+    prepared = set(cgroup.not_enforced)
     network = spec.network == Network.USER
     machine: Machine | None = None
     passt_pid = None
@@ -170,6 +171,8 @@ async def start_restored(
         await machine.restore(spec.checkpoint.state, run=False)
         if passt_placed is not None:
             await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
+        if set(cgroup.not_enforced) != prepared:  # a move was refused: say so, once
+            await asyncio.to_thread(report_not_enforced, home, cgroup.not_enforced)
         if loaded is not None:
             await loaded()
         await machine.run()

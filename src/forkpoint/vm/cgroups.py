@@ -35,6 +35,7 @@ __all__ = [
     "CONTROLLERS",
     "CgroupHost",
     "Hierarchy",
+    "InForce",
     "ResourceLimits",
     "SessionCgroup",
     "join_cgroups_of",
