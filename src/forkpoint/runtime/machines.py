@@ -16,6 +16,7 @@ from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
 from forkpoint.images import Image
 from forkpoint.models import Network
+from forkpoint.store import SessionRecord
 from forkpoint.vm import (
     BootFiles,
     Machine,
@@ -26,6 +27,7 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.jail import SESSIONLESS, Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
 from .manifest import CheckpointFiles
@@ -37,6 +39,7 @@ __all__ = [
     "Started",
     "boot_files",
     "identity_token",
+    "jail_of",
     "new_layer_name",
     "start_restored",
 ]
@@ -84,6 +87,11 @@ def identity_token(session_id: str, generation: int) -> str:
     return f"{session_id}:{generation}"
 
 
+def jail_of(record: SessionRecord) -> Jail:
+    """Who the session's QEMU and passt run as (its own uid; see :mod:`forkpoint.vm.jail`)."""
+    return Jail(record.uid or SESSIONLESS.uid)  # every stored session has a uid
+
+
 def new_layer_name() -> str:
     return f"{uuid.uuid4().hex[:16]}.qcow2"
 
@@ -98,7 +106,8 @@ class RestoreSpec:
     """What :func:`start_restored` makes: which checkpoint becomes which VM.
 
     ``forwards`` are ``(host_port, guest_port)`` pairs; ``token`` names this restore (see
-    :func:`identity_token`) and ``hostname`` is the guest's new one.
+    :func:`identity_token`) and ``hostname`` is the guest's new one; ``jail`` says which uid
+    its QEMU and passt run as.
     """
 
     files: VmFiles
@@ -110,6 +119,7 @@ class RestoreSpec:
     forwards: tuple[tuple[int, int], ...]
     hostname: str
     token: str
+    jail: Jail
 
 
 @dataclass(frozen=True)
@@ -149,13 +159,15 @@ async def start_restored(
     try:
         machine = await Machine.launch(
             qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
-            ram=spec.checkpoint.ram, network=network, incoming=True,
+            jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
         )  # fmt: skip
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
                 nonlocal passt_pid
-                passt_pid = await asyncio.to_thread(start_passt, files, list(spec.forwards))
+                passt_pid = await asyncio.to_thread(
+                    start_passt, files, list(spec.forwards), spec.jail
+                )
 
             await machine.attach_network(connect)
         await machine.restore(spec.checkpoint.state, run=False)

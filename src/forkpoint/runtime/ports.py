@@ -15,6 +15,8 @@ from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .machines import jail_of
+
 __all__ = ["HostPorts"]
 
 _ATTEMPTS = 100
@@ -56,6 +58,6 @@ class HostPorts:
         for pid in record.aux_pids:
             stop_passt(files, pid)
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
-        pid = start_passt(files, forwards)
+        pid = start_passt(files, forwards, jail_of(record))
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,7 +18,10 @@ from forkpoint.errors import QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
+from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
+from forkpoint.vm.jail import SESSIONLESS, Jail
 from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
@@ -63,12 +67,14 @@ class Machine:
         files: VmFiles,
         disk: Path,
         *,
+        jail: Jail,
         ram: Path | None = None,
         network: bool,
         incoming: bool,
     ) -> Machine:
         """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
         ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
+        ``jail``: the uid QEMU runs as once set up (see :mod:`~forkpoint.vm.jail`).
 
         With ``network`` the caller connects the network backend (passt) before the VM
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
@@ -80,8 +86,12 @@ class Machine:
         if ram is None:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
-        argv = build_argv(build, shape, boot, files, disk, ram, network=network, incoming=incoming)
-        pid = spawn_detached(argv, files.qemu_log)
+        with disk_fds(disk) as fds:
+            argv = build_argv(
+                build, shape, boot, files, (disk, fds), ram, jail,
+                network=network, incoming=incoming,
+            )  # fmt: skip
+            pid = spawn_detached(argv, files.qemu_log, fds)
         try:
             qmp = await Qmp.connect(
                 files.qmp_socket,
@@ -136,12 +146,14 @@ class Machine:
         *,
         ram: Path | None = None,
         state: Path | None = None,
+        jail: Jail = SESSIONLESS,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
-            build, shape, boot, files, disk, ram=ram, network=False, incoming=state is not None
-        )
+            build, shape, boot, files, disk,
+            jail=jail, ram=ram, network=False, incoming=state is not None,
+        )  # fmt: skip
         if state is not None:
             await machine.restore(state)
         return machine
@@ -178,9 +190,20 @@ class Machine:
 
     async def active_disk(self) -> Path:
         """The qcow2 file the VM writes to now (QEMU's view is the truth)."""
+        name = await self._disk_name()
+        if not name.startswith(FDSET_PREFIX):
+            return Path(name)
+        fdset = int(name.removeprefix(FDSET_PREFIX))
+        for entry in await self._qmp.run("query-fdsets"):
+            if entry["fdset-id"] == fdset and entry["fds"]:
+                return Path(entry["fds"][0]["opaque"])
+        raise QemuError(f"{self.files.name}: the disk's fd set {fdset} is gone")
+
+    async def _disk_name(self) -> str:
+        """What QEMU opened the top layer as: a path, or ``/dev/fdset/N``."""
         for block in await self._qmp.run("query-block"):
             if block.get("device") == "d0" and "inserted" in block:
-                return Path(block["inserted"]["file"])
+                return str(block["inserted"]["file"])
         raise QemuError(f"{self.files.name}: disk d0 not found")
 
     async def resume_if_paused(self) -> None:
@@ -197,6 +220,10 @@ class Machine:
     def describe(self) -> str:
         """Names this VM in errors."""
         return self.files.name
+
+    async def _remove_fdset(self, name: str) -> None:
+        if name.startswith(FDSET_PREFIX):
+            await self._qmp.run("remove-fd", **{"fdset-id": int(name.removeprefix(FDSET_PREFIX))})
 
     async def _wait_incoming(self) -> None:
         """Until the state is loaded; the VM stays paused (it was launched with -S)."""
@@ -237,15 +264,27 @@ class Machine:
         """
         started = time.perf_counter()
         await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
+        # The new layer is made here and handed over open: a jailed QEMU cannot create it.
+        old_name = await self._disk_name()
+        await asyncio.to_thread(overlay_from_blank, await self.active_disk(), new_overlay)
         base_copy_ms = (time.perf_counter() - started) * 1000
         paused = time.perf_counter()
         await self._qmp.run("stop")
         try:
-            await self._qmp.run(
-                "blockdev-snapshot-sync",
-                device="d0",
-                **{"snapshot-file": str(new_overlay), "format": "qcow2", "mode": "absolute-paths"},
-            )
+            try:
+                with disk_fds(new_overlay) as fds:
+                    name = await add_to_fdset(self._qmp, fds, str(new_overlay))
+                await self._qmp.run(
+                    "blockdev-snapshot-sync",
+                    device="d0",
+                    **{"snapshot-file": name, "format": "qcow2", "mode": "existing"},
+                )
+            except BaseException:
+                new_overlay.unlink(missing_ok=True)  # the VM did not switch to it
+                raise
+            # The frozen layer is never reopened (it has no writers): its set can go, or a
+            # long-lived VM would collect two descriptors per checkpoint.
+            await self._remove_fdset(old_name)
             t_state = time.perf_counter()
             await self._save_device_state(state_dest)
             device_state_ms = (time.perf_counter() - t_state) * 1000
@@ -279,8 +318,14 @@ class Machine:
     async def _save_device_state(self, dest: Path) -> None:
         # Despite its name this is QEMU's generic "every device but RAM" save. live=false:
         # live=true would also hand the disks over to a migration target that is not there.
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
         try:
-            await self._qmp.run("xen-save-devices-state", filename=str(dest), live=False)
+            name = await add_to_fdset(self._qmp, (fd,), str(dest))
+        finally:
+            os.close(fd)
+        try:
+            await self._qmp.run("xen-save-devices-state", filename=name, live=False)
+            await self._remove_fdset(name)
         except QemuError as error:
             reason = error.message.rpartition("failed: ")[2]
             raise QemuError(f"{self.files.name}: saving device state failed: {reason}") from error
