@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -200,10 +201,15 @@ class Machine:
         raise QemuError(f"{self.files.name}: the disk's fd set {fdset} is gone")
 
     async def _disk_name(self) -> str:
-        """What QEMU opened the top layer as: a path, or ``/dev/fdset/N``."""
+        """What QEMU opened the top layer's file as: a path, or ``/dev/fdset/N``."""
         for block in await self._qmp.run("query-block"):
             if block.get("device") == "d0" and "inserted" in block:
-                return str(block["inserted"]["file"])
+                name = str(block["inserted"]["file"])
+                # A layer whose backing QEMU attached itself (a checkpoint's new layer) is
+                # described as JSON: its file is under "file".
+                if name.startswith("json:"):
+                    name = str(json.loads(name.removeprefix("json:"))["file"]["filename"])
+                return name
         raise QemuError(f"{self.files.name}: disk d0 not found")
 
     async def resume_if_paused(self) -> None:
