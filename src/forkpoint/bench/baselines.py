@@ -24,6 +24,7 @@ from pathlib import Path
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.images import Image
+from forkpoint.runtime.machines import SESSIONLESS
 from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.vm import (
     BootFiles,
@@ -34,7 +35,6 @@ from forkpoint.vm import (
     create_overlay,
     sparse_copy,
 )
-from forkpoint.vm.jail import SESSIONLESS
 from forkpoint.vm.process import kill_and_wait, pids_with_arg
 
 __all__ = ["Baselines"]
@@ -95,7 +95,7 @@ class Baselines:
         """``Machine.start``; returns the machine and the ``perf_counter()`` it began at."""
         began = time.perf_counter()
         machine = await Machine.start(
-            self.build, self.shape, self.boot, files, disk, ram=ram, state=state
+            self.build, self.shape, self.boot, files, disk, ram=ram, state=state, jail=SESSIONLESS
         )
         return machine, began
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
 from forkpoint.images import Image
-from forkpoint.models import Network
+from forkpoint.models import JAIL_UID_BASE, Network
 from forkpoint.store import SessionRecord
 from forkpoint.vm import (
     BootFiles,
@@ -27,13 +27,14 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
-from forkpoint.vm.jail import SESSIONLESS, Jail
+from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
 from .manifest import CheckpointFiles
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
+    "SESSIONLESS",
     "RestoreSpec",
     "ResumeTogether",
     "Started",
@@ -85,6 +86,10 @@ class ResumeTogether:
 def identity_token(session_id: str, generation: int) -> str:
     """Names one restore of a session: the guest applies each identity once."""
     return f"{session_id}:{generation}"
+
+
+# VMs that belong to no stored session: template and image builds.
+SESSIONLESS = Jail(JAIL_UID_BASE)
 
 
 def jail_of(record: SessionRecord) -> Jail:

@@ -18,7 +18,7 @@ from forkpoint.store import CheckpointRecord, Store, global_lock_async
 from forkpoint.vm import Machine, MachineShape, VmFiles, create_overlay, qemu_build
 
 from .checkpoints import Checkpointer, CheckpointOrigin
-from .machines import boot_files, new_layer_name
+from .machines import SESSIONLESS, boot_files, new_layer_name
 
 __all__ = ["Templates"]
 
@@ -64,8 +64,9 @@ class Templates:
         await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
         await asyncio.to_thread(self.store.insert_layer, base)
         machine = await Machine.start(
-            qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base
-        )
+            qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base,
+            jail=SESSIONLESS,
+        )  # fmt: skip
         try:
             async with await AgentClient.connect(
                 files.agent_socket, timeout=_BOOT_TIMEOUT_S

@@ -24,11 +24,10 @@ import functools
 import os
 from dataclasses import dataclass
 
-from forkpoint.models import JAIL_UID_BASE
 from forkpoint.vm.build import QemuBuild
 from forkpoint.vm.files import VmFiles
 
-__all__ = ["SESSIONLESS", "Jail", "jails_processes"]
+__all__ = ["Jail", "jails_processes"]
 
 
 @functools.cache
@@ -60,7 +59,3 @@ class Jail:
 
     def passt_args(self) -> list[str]:
         return ["--runas", f"{self.uid}:{self.uid}"] if jails_processes() else []
-
-
-# VMs that belong to no stored session: template and image builds.
-SESSIONLESS = Jail(JAIL_UID_BASE)

@@ -22,7 +22,7 @@ from forkpoint.vm.build import QemuBuild, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
-from forkpoint.vm.jail import SESSIONLESS, Jail
+from forkpoint.vm.jail import Jail
 from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
@@ -147,7 +147,7 @@ class Machine:
         *,
         ram: Path | None = None,
         state: Path | None = None,
-        jail: Jail = SESSIONLESS,
+        jail: Jail,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
