@@ -20,6 +20,7 @@ from forkpoint.errors import CommandTimeout, InvalidInput, NotFound
 from forkpoint.images import get_image
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.machines import SESSIONLESS
 from forkpoint.vm import (
     BootFiles,
     Machine,
@@ -54,7 +55,7 @@ class BootedVm:
         self.files.ensure()
         disk = self.files.dir / "disk.qcow2"
         create_overlay(image.rootfs, disk)
-        self.machine = await Machine.start(build, shape, boot, self.files, disk)
+        self.machine = await Machine.start(build, shape, boot, self.files, disk, jail=SESSIONLESS)
         await self.machine.close()  # the monitor belongs to this event loop; QEMU runs on
 
     def kill(self) -> None:

@@ -19,7 +19,9 @@ import pytest
 
 from forkpoint.errors import QemuError
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.machines import SESSIONLESS
 from forkpoint.vm import VmFiles
+from forkpoint.vm.jail import jails_processes
 from forkpoint.vm.net import passt_log, remove_passt_log, start_passt, wait_passt_ready
 from forkpoint.vm.process import is_running, pids_with_arg
 
@@ -47,7 +49,7 @@ def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: 
         taken.listen()
         port = taken.getsockname()[1]
         started = time.monotonic()
-        pid = start_passt(vm_files, [(port, 8000)])
+        pid = start_passt(vm_files, [(port, 8000)], SESSIONLESS)
         with pytest.raises(QemuError) as raised:
             wait_passt_ready(vm_files, pid)
         elapsed = time.monotonic() - started
@@ -62,10 +64,12 @@ def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: 
 @pytest.mark.smoke
 @needs_passt
 def test_passt_that_starts_is_ready_and_logs_outside_forkpoint_home(vm_files: VmFiles) -> None:
-    pid = start_passt(vm_files, [])
+    pid = start_passt(vm_files, [], SESSIONLESS)
     try:
         wait_passt_ready(vm_files, pid)
         assert is_running(pid, vm_files.name)
+        if jails_processes():  # as the VM's own uid, not root (nor nobody)
+            assert f"\nUid:\t{SESSIONLESS.uid}\t" in Path(f"/proc/{pid}/status").read_text()
     finally:
         os.kill(pid, 9)
         wait_passt_gone(pid, vm_files)

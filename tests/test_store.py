@@ -19,6 +19,7 @@ import pytest
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, InUse, InvalidInput, NotFound
+from forkpoint.models import JAIL_UID_BASE
 from forkpoint.store import (
     SCHEMA_VERSION,
     CheckpointKind,
@@ -98,9 +99,17 @@ def test_older_database_is_upgraded_and_keeps_its_data(home: Home) -> None:
         migrate(conn, MIGRATIONS[:-1])  # a database from the previous release
         assert schema_version(conn) == SCHEMA_VERSION - 1
         conn.execute("INSERT INTO layers VALUES ('old.qcow2', NULL, '2024-01-01T00:00:00.000Z')")
+        for sid in ("s-000000000a", "s-000000000b"):
+            conn.execute(
+                "INSERT INTO sessions (id, image, image_hash, state, created_at, memory_mib, "
+                "cpus, network, disk_layer) VALUES (?, 'default', 'ih', 'stopped', "
+                "'2024-01-01T00:00:00.000Z', 512, 1, 'user', 'old.qcow2')",
+                (sid,),
+            )
     with Store.open(home) as store:
         assert store.schema_version == SCHEMA_VERSION
         assert store.layer_chain("old.qcow2") == ["old.qcow2"]
+        assert {s.uid for s in store.list_sessions()} == {JAIL_UID_BASE + 1, JAIL_UID_BASE + 2}
         assert store.get_template("ih", "mk") is None  # the newest table works
 
 
@@ -162,6 +171,22 @@ def test_session_round_trip(store: Store) -> None:
     store.delete_session(created.id)
     assert store.list_sessions() == []
     assert store.allocated_host_ports() == set()
+
+
+def test_every_session_gets_a_uid_of_its_own(store: Store) -> None:
+    a, b = _session(store), _session(store)
+    assert {a.uid, b.uid} == {JAIL_UID_BASE + 1, JAIL_UID_BASE + 2}
+    store.delete_session(a.id)
+    assert _session(store).uid == a.uid  # a removed session's uid is free again
+    jailed = store.update_session(
+        b.id, disk_mib=2048, expires_at="2026-01-01T00:00:00.000Z", egress={"deny": ["1.2.3.4/32"]}
+    )
+    assert (jailed.uid, jailed.disk_mib, jailed.expires_at) == (
+        b.uid,
+        2048,
+        "2026-01-01T00:00:00.000Z",
+    )
+    assert store.get_session(b.id).egress == {"deny": ["1.2.3.4/32"]}
 
 
 def test_unknown_things_are_not_found(store: Store) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.images import Image
+from forkpoint.runtime.machines import SESSIONLESS
 from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.vm import (
     BootFiles,
@@ -94,7 +95,7 @@ class Baselines:
         """``Machine.start``; returns the machine and the ``perf_counter()`` it began at."""
         began = time.perf_counter()
         machine = await Machine.start(
-            self.build, self.shape, self.boot, files, disk, ram=ram, state=state
+            self.build, self.shape, self.boot, files, disk, ram=ram, state=state, jail=SESSIONLESS
         )
         return machine, began
 
@@ -126,8 +127,9 @@ class Baselines:
             await asyncio.to_thread(create_overlay, self.image.rootfs, disk)
             began = time.perf_counter()
             machine = await Machine.launch(
-                self.build, self.shape, self.boot, files, disk, network=False, incoming=True
-            )
+                self.build, self.shape, self.boot, files, disk,
+                jail=SESSIONLESS, network=False, incoming=True,
+            )  # fmt: skip
             samples.append((time.perf_counter() - began) * 1000)
             await machine.kill()
             self._discard(files)

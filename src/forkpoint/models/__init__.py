@@ -96,6 +96,11 @@ MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
 MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
+# Each session's QEMU and passt run as a uid of their own: JAIL_UID_BASE + 1 .. + JAIL_UIDS - 1
+# (JAIL_UID_BASE itself is for VMs without a session, e.g. image builds). Far above the
+# ranges Debian gives users and /etc/subuid, so no real account shares one.
+JAIL_UID_BASE = 1_900_000_000
+JAIL_UIDS = 65_536
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ID_PATTERN = r"^[sc]-[0-9a-f]{10}$"  # names may not look like this (ids and names share refs)
 

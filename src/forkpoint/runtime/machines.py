@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
 from forkpoint.images import Image
-from forkpoint.models import Network
+from forkpoint.models import JAIL_UID_BASE, Network
+from forkpoint.store import SessionRecord
 from forkpoint.vm import (
     BootFiles,
     Machine,
@@ -26,6 +27,7 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
 from .limits import prepare_cgroup, report_not_enforced
@@ -33,11 +35,13 @@ from .manifest import CheckpointFiles
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
+    "SESSIONLESS",
     "RestoreSpec",
     "ResumeTogether",
     "Started",
     "boot_files",
     "identity_token",
+    "jail_of",
     "new_layer_name",
     "start_restored",
 ]
@@ -85,6 +89,15 @@ def identity_token(session_id: str, generation: int) -> str:
     return f"{session_id}:{generation}"
 
 
+# VMs that belong to no stored session: template and image builds.
+SESSIONLESS = Jail(JAIL_UID_BASE)
+
+
+def jail_of(record: SessionRecord) -> Jail:
+    """Who the session's QEMU and passt run as (its own uid; see :mod:`forkpoint.vm.jail`)."""
+    return Jail(record.uid or SESSIONLESS.uid)  # every stored session has a uid
+
+
 def new_layer_name() -> str:
     return f"{uuid.uuid4().hex[:16]}.qcow2"
 
@@ -99,7 +112,8 @@ class RestoreSpec:
     """What :func:`start_restored` makes: which checkpoint becomes which VM.
 
     ``forwards`` are ``(host_port, guest_port)`` pairs; ``token`` names this restore (see
-    :func:`identity_token`) and ``hostname`` is the guest's new one.
+    :func:`identity_token`) and ``hostname`` is the guest's new one; ``jail`` says which uid
+    its QEMU and passt run as.
     """
 
     files: VmFiles
@@ -111,6 +125,7 @@ class RestoreSpec:
     forwards: tuple[tuple[int, int], ...]
     hostname: str
     token: str
+    jail: Jail
 
 
 @dataclass(frozen=True)
@@ -157,13 +172,16 @@ async def start_restored(
     try:
         machine = await Machine.launch(
             qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
-            ram=spec.checkpoint.ram, network=network, incoming=True, cgroup=cgroup,
+            jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
+            cgroup=cgroup,
         )  # fmt: skip
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
                 nonlocal passt_pid, passt_placed
-                passt_pid = await asyncio.to_thread(start_passt, files, list(spec.forwards))
+                passt_pid = await asyncio.to_thread(
+                    start_passt, files, list(spec.forwards), spec.jail
+                )
                 # Moved while the state loads (a cgroup move can take milliseconds).
                 passt_placed = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, passt_pid))
 

@@ -16,6 +16,8 @@ from forkpoint.vm import VmFiles
 from forkpoint.vm.cgroups import join_cgroups_of
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .machines import jail_of
+
 __all__ = ["HostPorts"]
 
 _ATTEMPTS = 100
@@ -57,7 +59,7 @@ class HostPorts:
         for pid in record.aux_pids:
             stop_passt(files, pid)
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
-        pid = start_passt(files, forwards)
+        pid = start_passt(files, forwards, jail_of(record))
         if record.qemu_pid:
             join_cgroups_of(record.qemu_pid, pid)  # the session's cgroup, beside its QEMU
         self.store.update_session(record.id, aux_pids=[pid])

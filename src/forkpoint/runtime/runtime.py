@@ -67,6 +67,7 @@ from .machines import (
     Started,
     boot_files,
     identity_token,
+    jail_of,
     start_restored,
 )
 from .manifest import CheckpointFiles, Manifest
@@ -218,6 +219,7 @@ class Runtime(Queries):
                     checkpoint_layer=checkpoint.disk_layer, shape=shape,
                     boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
                     hostname=name or record.id, token=identity_token(record.id, 0),
+                    jail=jail_of(record),
                 )  # fmt: skip
                 started = await start_restored(self.home, spec, loaded)
                 record = await asyncio.to_thread(
@@ -413,6 +415,7 @@ class Runtime(Queries):
                 network=record.network,
                 forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
                 hostname=record.name or record.id, token=identity_token(record.id, generation),
+                jail=jail_of(record),
             )  # fmt: skip
             try:
                 started = await start_restored(self.home, spec)

@@ -19,7 +19,7 @@ from forkpoint.vm import Machine, MachineShape, VmFiles, create_overlay, qemu_bu
 
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .limits import prepare_cgroup, remove_cgroup
-from .machines import boot_files, new_layer_name
+from .machines import SESSIONLESS, boot_files, new_layer_name
 
 __all__ = ["Templates"]
 
@@ -67,7 +67,7 @@ class Templates:
         cgroup = await asyncio.to_thread(prepare_cgroup, self.home, directory.name, shape)
         machine = await Machine.start(
             qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base,
-            cgroup=cgroup,
+            jail=SESSIONLESS, cgroup=cgroup,
         )  # fmt: skip
         try:
             async with await AgentClient.connect(

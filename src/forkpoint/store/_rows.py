@@ -27,6 +27,7 @@ __all__ = [
     "check_str",
     "checkpoint_from_row",
     "describe_dependents",
+    "egress_json",
     "enum_value",
     "kind_value",
     "opt_pid",
@@ -42,7 +43,7 @@ __all__ = [
 
 SESSION_COLUMNS = (
     "id, name, image, image_hash, state, created_at, parent_checkpoint, memory_mib, cpus, "
-    "network, disk_layer, generation, qemu_pid, aux_pids"
+    "network, disk_layer, generation, qemu_pid, aux_pids, uid, disk_mib, expires_at, egress"
 )
 CHECKPOINT_COLUMNS = (
     "id, session_id, name, kind, created_at, disk_layer, parent_checkpoint, image, "
@@ -79,6 +80,12 @@ def pids_json(value: object) -> str:
     return json.dumps([check_int(pid, "aux_pids entry", minimum=1) for pid in value])
 
 
+def egress_json(value: object) -> str:
+    if not isinstance(value, dict):
+        raise InvalidInput(f"egress must be a JSON object, not {value!r}")
+    return json.dumps(value, sort_keys=True)
+
+
 def enum_value(enum: type[SessionState] | type[Network], value: object, what: str) -> str:
     try:
         if not isinstance(value, str):
@@ -111,6 +118,9 @@ SESSION_UPDATERS: dict[str, Callable[[object], object]] = {
     "generation": lambda v: check_int(v, "generation", minimum=0),
     "qemu_pid": opt_pid,
     "aux_pids": pids_json,
+    "disk_mib": lambda v: None if v is None else check_int(v, "disk_mib", minimum=1),
+    "expires_at": lambda v: opt_str(v, "expires_at"),
+    "egress": lambda v: egress_json(v),
 }
 
 
@@ -131,6 +141,10 @@ def session_from_row(row: sqlite3.Row, ports: Iterable[PortForward]) -> SessionR
         qemu_pid=row["qemu_pid"],
         aux_pids=tuple(json.loads(row["aux_pids"])),
         ports=tuple(ports),
+        uid=row["uid"],
+        disk_mib=row["disk_mib"],
+        expires_at=row["expires_at"],
+        egress=json.loads(row["egress"]),
     )
 
 

@@ -22,6 +22,7 @@ from typing import Final
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, InternalError, InUse, InvalidInput, NotFound
+from forkpoint.models import JAIL_UID_BASE, JAIL_UIDS
 from forkpoint.polling import poll_until_sync
 from forkpoint.store._rows import (
     CHECKPOINT_COLUMNS,
@@ -33,6 +34,7 @@ from forkpoint.store._rows import (
     check_str,
     checkpoint_from_row,
     describe_dependents,
+    egress_json,
     enum_value,
     kind_value,
     opt_pid,
@@ -208,7 +210,7 @@ class Store:
             require_checkpoint(conn, record.parent_checkpoint)
             conn.execute(
                 f"INSERT INTO sessions ({SESSION_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
                     record.name,
@@ -224,6 +226,10 @@ class Store:
                     check_int(record.generation, "generation", minimum=0),
                     opt_pid(record.qemu_pid),
                     pids_json(record.aux_pids),
+                    record.uid if record.uid is not None else _free_uid(conn),
+                    SESSION_UPDATERS["disk_mib"](record.disk_mib),
+                    SESSION_UPDATERS["expires_at"](record.expires_at),
+                    egress_json(record.egress),
                 ),
             )
             for port in record.ports:
@@ -277,6 +283,9 @@ class Store:
         generation: int | Keep = KEEP,
         qemu_pid: int | None | Keep = KEEP,
         aux_pids: Sequence[int] | Keep = KEEP,
+        disk_mib: int | None | Keep = KEEP,
+        expires_at: str | None | Keep = KEEP,
+        egress: dict[str, object] | Keep = KEEP,
     ) -> SessionRecord:
         """Change the fields given (the others keep their values); return the new record.
 
@@ -292,7 +301,8 @@ class Store:
             "name": name, "image": image, "image_hash": image_hash, "state": state,
             "parent_checkpoint": parent_checkpoint, "memory_mib": memory_mib, "cpus": cpus,
             "network": network, "disk_layer": disk_layer, "generation": generation,
-            "qemu_pid": qemu_pid, "aux_pids": aux_pids,
+            "qemu_pid": qemu_pid, "aux_pids": aux_pids, "disk_mib": disk_mib,
+            "expires_at": expires_at, "egress": egress,
         }  # fmt: skip
         fields = {key: value for key, value in given.items() if value is not KEEP}
         values = {key: SESSION_UPDATERS[key](value) for key, value in fields.items()}
@@ -648,6 +658,18 @@ class Store:
 
 
 # --- helpers -----------------------------------------------------------------------------
+
+
+def _free_uid(conn: sqlite3.Connection) -> int:
+    """The lowest session uid no stored session has (see ``JAIL_UID_BASE``).
+
+    :raises Conflict: every uid of the range is taken.
+    """
+    taken = {row[0] for row in conn.execute("SELECT uid FROM sessions WHERE uid IS NOT NULL")}
+    for uid in range(JAIL_UID_BASE + 1, JAIL_UID_BASE + JAIL_UIDS):
+        if uid not in taken:
+            return uid
+    raise Conflict(f"all {JAIL_UIDS - 1} session uids are in use: remove sessions")
 
 
 def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:

@@ -107,6 +107,10 @@ class SessionRecord:
     qemu_pid: int | None = None
     aux_pids: tuple[int, ...] = ()
     ports: tuple[PortForward, ...] = ()
+    uid: int | None = None  # assigned by Store.insert_session when None
+    disk_mib: int | None = None
+    expires_at: str | None = None
+    egress: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @classmethod
     def new(
@@ -121,6 +125,9 @@ class SessionRecord:
         name: str | None = None,
         parent_checkpoint: str | None = None,
         state: SessionState = SessionState.CREATING,
+        disk_mib: int | None = None,
+        expires_at: str | None = None,
+        egress: dict[str, Any] | None = None,
     ) -> SessionRecord:
         """A new record with a fresh id and ``created_at`` = now (not yet stored)."""
         return cls(
@@ -135,6 +142,9 @@ class SessionRecord:
             cpus=cpus,
             network=network,
             disk_layer=disk_layer,
+            disk_mib=disk_mib,
+            expires_at=expires_at,
+            egress=egress or {},
         )
 
     def port_for(self, guest_port: int) -> PortForward | None:
@@ -159,6 +169,10 @@ class SessionRecord:
             "qemu_pid": self.qemu_pid,
             "aux_pids": list(self.aux_pids),
             "ports": [p.to_dict() for p in self.ports],
+            "uid": self.uid,
+            "disk_mib": self.disk_mib,
+            "expires_at": self.expires_at,
+            "egress": self.egress,
         }
 
 

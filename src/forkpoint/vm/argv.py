@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from forkpoint.vm.build import QemuBuild
+from forkpoint.vm.fdsets import FDSET_PREFIX
 from forkpoint.vm.files import VmFiles
+from forkpoint.vm.jail import Jail
 from forkpoint.vm.shape import BootFiles, MachineShape
 
 __all__ = ["TCG_TB_MIB", "build_argv", "guest_cmdline"]
@@ -32,8 +34,9 @@ def build_argv(
     shape: MachineShape,
     boot: BootFiles,
     files: VmFiles,
-    disk: Path,
+    disk: tuple[Path, tuple[int, int]],
     ram: Path,
+    jail: Jail,
     *,
     network: bool,
     incoming: bool = False,
@@ -46,9 +49,12 @@ def build_argv(
     hub. The backend is not part of the saved state; the NIC is.
 
     Guest RAM maps the file ``ram`` privately (copy-on-write): the VM reads it, never
-    writes it (see :mod:`forkpoint.vm.written`).
+    writes it (see :mod:`forkpoint.vm.written`). ``disk``: the top layer's path and its
+    read-write and read-only descriptors, inherited under those numbers (QEMU opens the
+    layer through them, see :mod:`.fdsets`). ``jail``: who QEMU becomes once set up.
     """
     mem = f"{shape.memory_mib}M"
+    disk_path, disk_fds = disk
     argv = [
         str(build.binary),
         "-name", files.name,
@@ -61,7 +67,8 @@ def build_argv(
         "-nodefaults", "-no-user-config", "-display", "none",
         "-object",
         f"memory-backend-file,id=mem,size={mem},mem-path={ram},share=off",
-        "-drive", f"id=d0,file={disk},format=qcow2,if=none",
+        *(arg for fd in disk_fds for arg in ("-add-fd", f"fd={fd},set=1,opaque={disk_path}")),
+        "-drive", f"id=d0,file={FDSET_PREFIX}1,format=qcow2,if=none",
         "-device", "virtio-blk-device,drive=d0",
         "-netdev", _netdev(files, network),
         "-device", "virtio-net-device,netdev=n0",
@@ -76,7 +83,9 @@ def build_argv(
         # Device states are saved without RAM (xen-save-devices-state), which writes no
         # configuration section; loading must not expect one either.
         "-global", "migration.send-configuration=off",
-        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny,"
+        f"elevateprivileges={jail.sandbox_elevation()}",
+        *jail.qemu_args(build, files),
     ]  # fmt: skip
     if incoming:  # paused after the load too: the caller decides when it runs
         argv += ["-incoming", "defer", "-S"]

@@ -58,9 +58,15 @@ class VmFiles:
         """The empty RAM file a cold-booted VM maps (restored VMs map a checkpoint's)."""
         return self.dir / "ram"
 
+    @property
+    def empty_root(self) -> Path:
+        """The empty, read-only directory a jailed QEMU is chrooted into (see :mod:`.jail`)."""
+        return self.dir / "root"
+
     def ensure(self) -> VmFiles:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.empty_root.mkdir(exist_ok=True, mode=0o555)
         return self
 
     def log_tail(self, lines: int = 15) -> str:

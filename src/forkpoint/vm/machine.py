@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,7 +20,10 @@ from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
 from forkpoint.vm.cgroups import SessionCgroup
+from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
+from forkpoint.vm.jail import Jail
 from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
@@ -64,6 +69,7 @@ class Machine:
         files: VmFiles,
         disk: Path,
         *,
+        jail: Jail,
         ram: Path | None = None,
         network: bool,
         incoming: bool,
@@ -71,6 +77,7 @@ class Machine:
     ) -> Machine:
         """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
         ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
+        ``jail``: the uid QEMU runs as once set up (see :mod:`~forkpoint.vm.jail`).
         ``cgroup``: QEMU is moved into it before the guest runs.
 
         With ``network`` the caller connects the network backend (passt) before the VM
@@ -83,10 +90,14 @@ class Machine:
         if ram is None:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
-        argv = build_argv(build, shape, boot, files, disk, ram, network=network, incoming=incoming)
         # A booting guest waits (-S) until QEMU is in its cgroup; a restore waits anyway.
         hold = cgroup is not None and not incoming
-        pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log)
+        with disk_fds(disk) as fds:
+            argv = build_argv(
+                build, shape, boot, files, (disk, fds), ram, jail,
+                network=network, incoming=incoming,
+            )  # fmt: skip
+            pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log, fds)
         # Moved while QEMU starts up (a cgroup move can wait for an RCU grace period,
         # milliseconds), and always before its guest runs.
         attached = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, pid)) if cgroup else None
@@ -150,13 +161,14 @@ class Machine:
         *,
         ram: Path | None = None,
         state: Path | None = None,
+        jail: Jail,
         cgroup: SessionCgroup | None = None,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
-            build, shape, boot, files, disk, ram=ram, network=False, incoming=state is not None,
-            cgroup=cgroup,
+            build, shape, boot, files, disk,
+            jail=jail, ram=ram, network=False, incoming=state is not None, cgroup=cgroup,
         )  # fmt: skip
         if state is not None:
             await machine.restore(state)
@@ -194,9 +206,25 @@ class Machine:
 
     async def active_disk(self) -> Path:
         """The qcow2 file the VM writes to now (QEMU's view is the truth)."""
+        name = await self._disk_name()
+        if not name.startswith(FDSET_PREFIX):
+            return Path(name)
+        fdset = int(name.removeprefix(FDSET_PREFIX))
+        for entry in await self._qmp.run("query-fdsets"):
+            if entry["fdset-id"] == fdset and entry["fds"]:
+                return Path(entry["fds"][0]["opaque"])
+        raise QemuError(f"{self.files.name}: the disk's fd set {fdset} is gone")
+
+    async def _disk_name(self) -> str:
+        """What QEMU opened the top layer's file as: a path, or ``/dev/fdset/N``."""
         for block in await self._qmp.run("query-block"):
             if block.get("device") == "d0" and "inserted" in block:
-                return Path(block["inserted"]["file"])
+                name = str(block["inserted"]["file"])
+                # A layer whose backing QEMU attached itself (a checkpoint's new layer) is
+                # described as JSON: its file is under "file".
+                if name.startswith("json:"):
+                    name = str(json.loads(name.removeprefix("json:"))["file"]["filename"])
+                return name
         raise QemuError(f"{self.files.name}: disk d0 not found")
 
     async def resume_if_paused(self) -> None:
@@ -213,6 +241,10 @@ class Machine:
     def describe(self) -> str:
         """Names this VM in errors."""
         return self.files.name
+
+    async def _remove_fdset(self, name: str) -> None:
+        if name.startswith(FDSET_PREFIX):
+            await self._qmp.run("remove-fd", **{"fdset-id": int(name.removeprefix(FDSET_PREFIX))})
 
     async def _wait_incoming(self) -> None:
         """Until the state is loaded; the VM stays paused (it was launched with -S)."""
@@ -253,15 +285,27 @@ class Machine:
         """
         started = time.perf_counter()
         await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
+        # The new layer is made here and handed over open: a jailed QEMU cannot create it.
+        old_name = await self._disk_name()
+        await asyncio.to_thread(overlay_from_blank, await self.active_disk(), new_overlay)
         base_copy_ms = (time.perf_counter() - started) * 1000
         paused = time.perf_counter()
         await self._qmp.run("stop")
         try:
-            await self._qmp.run(
-                "blockdev-snapshot-sync",
-                device="d0",
-                **{"snapshot-file": str(new_overlay), "format": "qcow2", "mode": "absolute-paths"},
-            )
+            try:
+                with disk_fds(new_overlay) as fds:
+                    name = await add_to_fdset(self._qmp, fds, str(new_overlay))
+                await self._qmp.run(
+                    "blockdev-snapshot-sync",
+                    device="d0",
+                    **{"snapshot-file": name, "format": "qcow2", "mode": "existing"},
+                )
+            except BaseException:
+                new_overlay.unlink(missing_ok=True)  # the VM did not switch to it
+                raise
+            # The frozen layer is never reopened (it has no writers): its set can go, or a
+            # long-lived VM would collect two descriptors per checkpoint.
+            await self._remove_fdset(old_name)
             t_state = time.perf_counter()
             await self._save_device_state(state_dest)
             device_state_ms = (time.perf_counter() - t_state) * 1000
@@ -295,8 +339,14 @@ class Machine:
     async def _save_device_state(self, dest: Path) -> None:
         # Despite its name this is QEMU's generic "every device but RAM" save. live=false:
         # live=true would also hand the disks over to a migration target that is not there.
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
         try:
-            await self._qmp.run("xen-save-devices-state", filename=str(dest), live=False)
+            name = await add_to_fdset(self._qmp, (fd,), str(dest))
+        finally:
+            os.close(fd)
+        try:
+            await self._qmp.run("xen-save-devices-state", filename=name, live=False)
+            await self._remove_fdset(name)
         except QemuError as error:
             reason = error.message.rpartition("failed: ")[2]
             raise QemuError(f"{self.files.name}: saving device state failed: {reason}") from error

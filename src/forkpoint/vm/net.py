@@ -29,6 +29,7 @@ from pathlib import Path
 
 from forkpoint.errors import QemuError
 from forkpoint.vm.files import VmFiles
+from forkpoint.vm.jail import Jail
 from forkpoint.vm.process import exit_status, kill_and_wait, spawn_detached
 
 __all__ = [
@@ -92,8 +93,8 @@ def remove_passt_log(files: VmFiles) -> None:
     passt_log(files).unlink(missing_ok=True)
 
 
-def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]]) -> int:
-    """Start passt for ``files``' VM; returns its pid.
+def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]], jail: Jail) -> int:
+    """Start passt for ``files``' VM, as ``jail``'s uid; returns its pid.
 
     ``forwards``: ``(host_port, guest_port)`` pairs, bound on 127.0.0.1 only.
     """
@@ -106,6 +107,7 @@ def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]]) -> int:
             "--address", GUEST_ADDRESS, "--netmask", "24", "--gateway", GATEWAY,
             "--dns", DNS, "--dns-forward", DNS, "--no-dhcp-search",
             "--log-file", str(passt_log(files)),
+            *jail.passt_args(),
         ]  # fmt: skip
         for host, guest in sorted(forwards):
             argv += ["--tcp-ports", f"127.0.0.1/{host}:{guest}"]  # loopback only, always
