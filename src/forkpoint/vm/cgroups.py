@@ -22,14 +22,13 @@ really in (:func:`limits_in_force`), not from what was asked.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
     "CONTROLLERS",
@@ -44,6 +43,9 @@ __all__ = [
     "parse_hierarchies",
 ]
 
+# Named tuples and plain classes, not dataclasses: `forkpoint ls` reads limits back through
+# this module, and each dataclass costs ≈ 1.8 ms to create (see "CLI start-up" in the docs).
+
 CONTROLLERS = ("memory", "cpu", "pids", "io")
 SUBTREE = "forkpoint"  # our directory under the cgroup forkpoint runs in
 CPU_PERIOD_US = 100_000
@@ -54,8 +56,7 @@ _V1_UNLIMITED = 1 << 62  # memory.limit_in_bytes reads ≈ 2^63 (page-rounded) w
 _IO_V2_DEFAULT, _IO_V1_DEFAULT = 100, 500
 
 
-@dataclass(frozen=True)
-class ResourceLimits:
+class ResourceLimits(NamedTuple):
     """What a VM may use: bytes of memory (no swap), CPUs' worth of time, tasks (threads
     and processes), and an I/O weight on cgroup v2's scale (1–10000)."""
 
@@ -65,8 +66,7 @@ class ResourceLimits:
     io_weight: int
 
 
-@dataclass(frozen=True)
-class InForce:
+class InForce(NamedTuple):
     """Limits read back from a process's cgroups; ``None``: not enforced."""
 
     memory_bytes: int | None
@@ -80,8 +80,7 @@ class InForce:
         return tuple(c for c, v in zip(CONTROLLERS, values, strict=True) if v is None)
 
 
-@dataclass(frozen=True)
-class Hierarchy:
+class Hierarchy(NamedTuple):
     """One mounted cgroup hierarchy, seen from this process.
 
     ``own`` is the directory of the cgroup this process runs in; ``controllers`` are the
@@ -153,14 +152,17 @@ def _inside(mount: Path, root: str, path: str) -> Path | None:
     return None
 
 
-@dataclass
 class SessionCgroup:
     """One VM's cgroup: its directory in each hierarchy used (with the controllers it
     enforces there), and the controllers that are not enforced, with the reason."""
 
-    name: str
-    dirs: dict[Path, frozenset[str]] = field(default_factory=dict)
-    not_enforced: dict[str, str] = field(default_factory=dict)
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.dirs: dict[Path, frozenset[str]] = {}
+        self.not_enforced: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"SessionCgroup({self.name!r}, dirs={self.dirs}, not_enforced={self.not_enforced})"
 
     def attach(self, pid: int) -> None:
         """Move process ``pid`` (all its threads) into this cgroup. A hierarchy that
@@ -268,7 +270,7 @@ def _with_v2_controllers(hierarchy: Hierarchy) -> Hierarchy:
         available = (hierarchy.own / "cgroup.controllers").read_text().split()
     except OSError:
         return hierarchy
-    return dataclasses.replace(hierarchy, controllers=frozenset(CONTROLLERS) & set(available))
+    return hierarchy._replace(controllers=frozenset(CONTROLLERS) & set(available))
 
 
 def _make(hierarchy: Hierarchy, directory: Path, controller: str) -> None:
