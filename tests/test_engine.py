@@ -286,14 +286,14 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
             machine = await Machine.adopt(files, record.qemu_pid or 0)
             try:
                 with pytest.raises(QemuError) as info:
-                    # /dev/full: every write fails with ENOSPC, as on a full disk
-                    await machine.checkpoint(
+                            await machine.checkpoint(
                         rt.home.layers / new_layer_name(), Path("/dev/full"),
                         rt.checkpoint_files(str(record.parent_checkpoint)).ram,
                         tmp_path / "unused-ram",
                     )  # fmt: skip
-                assert "saving device state failed" in info.value.message
-                assert info.value.log_tail  # QEMU's own log is attached
+                # QEMU's own reason (the state file is handed over as a descriptor, which
+                # QEMU truncates first: /dev/full refuses that already)
+                assert "saving device state failed: Unable to open" in info.value.message
                 assert await machine.status() == RunState.RUNNING
             finally:
                 await machine.close()
