@@ -26,8 +26,9 @@ __all__ = [
     "sweep_cgroups",
 ]
 
-# QEMU's memory besides guest RAM: heap, thread stacks, page tables, device buffers, and
-# passt. Measured peak ≈ 40 MiB with the guest's RAM all in use (see the docs).
+# QEMU's memory besides guest RAM and TCG's translation cache (heap, thread stacks, page
+# tables, device buffers) plus passt's: measured ≈ 33 + 20 MiB with the guest's RAM all in
+# use (see "Resource limits" in the docs).
 QEMU_OVERHEAD_MIB = 96
 
 _log = logging.getLogger(__name__)
