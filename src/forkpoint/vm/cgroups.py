@@ -6,8 +6,9 @@ one this process runs in (``/proc/self/cgroup``): nothing outside it is ever tou
 
 - **cgroup v2** (one unified hierarchy, e.g. Debian 13): one directory; the controllers
   are enabled for our children through ``cgroup.subtree_control`` (ours, then
-  ``forkpoint/``'s). Files: ``memory.max`` + ``memory.swap.max``, ``cpu.max``,
-  ``pids.max``, ``io.weight``.
+  ``forkpoint/``'s; alone in its cgroup, forkpoint first moves itself into a leaf, since
+  v2 lets no cgroup with processes of its own enable controllers). Files:
+  ``memory.max`` + ``memory.swap.max``, ``cpu.max``, ``pids.max``, ``io.weight``.
 - **cgroup v1** (a hierarchy per controller, e.g. this host, where a v2 mount without
   controllers sits beside them): one directory per hierarchy. Files:
   ``memory.limit_in_bytes`` + ``memory.memsw.limit_in_bytes``, ``cpu.cfs_quota_us`` /
