@@ -64,6 +64,8 @@ from ..protocol import (
     Response,
     RestoreIdentityArgs,
     RestoreIdentityResult,
+    ScanArgs,
+    ScanResult,
     SpawnArgs,
     SpawnResult,
     StatArgs,
@@ -728,6 +730,13 @@ class AgentClient:
     async def ps(self) -> list[ProcessInfo]:
         """Processes in the guest (kernel threads left out), by pid."""
         return (await self._simple(Op.PS, Empty(), PsResult)).processes
+
+    async def scan(self, roots: list[str], exclude: list[str]) -> ScanResult:
+        """The file tree under ``roots`` (packed, see ``ScanResult``), the processes and
+        the listening TCP sockets."""
+        return await self._simple(
+            Op.SCAN, _model(ScanArgs, roots=roots, exclude=exclude), ScanResult
+        )
 
     async def kill(self, pid: int, signal: int | str = "TERM", *, group: bool = False) -> None:
         """Send ``signal`` (number or name like "KILL") to ``pid`` (or its group).

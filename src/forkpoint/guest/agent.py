@@ -44,6 +44,7 @@ from .files import FileOps
 from .identity import IdentityOps
 from .process_table import ProcessTable
 from .procs import ProcessOps
+from .scan import ScanOps
 from .streams import StreamRegistry
 from .transport import (
     Disconnected,
@@ -105,6 +106,7 @@ class Agent:
         self.streams = StreamRegistry()
         self.processes = ProcessTable(self.streams)
         self.tunnels = TunnelOps(self.streams)
+        self.scans = ScanOps(self.procs)
         self._handlers: dict[Op, Handler] = {
             Op.HELLO: self.identity.hello,
             Op.EXEC: self.procs.exec,
@@ -133,6 +135,7 @@ class Agent:
             Op.TUNNEL_SHUTDOWN: self.tunnels.shutdown,
             Op.MAKE_DIR: self.files.make_dir,
             Op.RENAME: self.files.rename,
+            Op.SCAN: self.scans.scan,
         }
 
     def _cancel_stream(self, ctx: Context, args: StreamCancelArgs) -> Empty:

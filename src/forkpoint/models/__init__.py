@@ -28,6 +28,13 @@ if TYPE_CHECKING:
         ProcessEventKind,
         TrackedProcess,
     )
+    from forkpoint.models.history import (
+        FileChange,
+        HistoryStep,
+        PortChange,
+        ProcessChange,
+        StateDiff,
+    )
     from forkpoint.models.wire import ErrorDetail, ErrorResponse, Health
     from forkpoint.protocol.models import DirEntry as FileEntry
     from forkpoint.protocol.models import ProcessInfo as Process
@@ -48,6 +55,11 @@ _LAZY = {
     "ErrorDetail": ("forkpoint.models.wire", "ErrorDetail"),
     "ErrorResponse": ("forkpoint.models.wire", "ErrorResponse"),
     "Health": ("forkpoint.models.wire", "Health"),
+    "FileChange": ("forkpoint.models.history", "FileChange"),
+    "HistoryStep": ("forkpoint.models.history", "HistoryStep"),
+    "PortChange": ("forkpoint.models.history", "PortChange"),
+    "ProcessChange": ("forkpoint.models.history", "ProcessChange"),
+    "StateDiff": ("forkpoint.models.history", "StateDiff"),
 }
 
 
@@ -74,18 +86,23 @@ __all__ = [
     "CommandResult",
     "ErrorDetail",
     "ErrorResponse",
+    "FileChange",
     "FileEntry",
     "FileStat",
     "Health",
+    "HistoryStep",
     "Limits",
     "Network",
     "OutputEncoding",
     "Port",
+    "PortChange",
     "Process",
+    "ProcessChange",
     "ProcessEvent",
     "ProcessEventKind",
     "Session",
     "SessionState",
+    "StateDiff",
     "TrackedProcess",
     "to_json_data",
 ]

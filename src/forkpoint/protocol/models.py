@@ -48,6 +48,9 @@ __all__ = [
     "PathArgs",
     "ProcessInfo",
     "PsResult",
+    "ListeningSocket",
+    "ScanArgs",
+    "ScanResult",
     "ReadFileArgs",
     "ReadFileResult",
     "RemoveArgs",
@@ -112,6 +115,7 @@ class Op(StrEnum):
     TUNNEL_SHUTDOWN = "tunnel_shutdown"
     MAKE_DIR = "make_dir"
     RENAME = "rename"
+    SCAN = "scan"
 
 
 def _check_path(path: str, what: str = "path") -> None:
@@ -662,6 +666,45 @@ class TunnelWriteArgs:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class ScanArgs:
+    """Walk ``roots`` (not following symlinks, not entering ``exclude``) and list the
+    processes and listening TCP sockets: what a diff compares."""
+
+    roots: list[str] = field(default_factory=lambda: ["/"])
+    exclude: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.roots:
+            raise ValueError("roots must not be empty")
+        for path in (*self.roots, *self.exclude):
+            _check_path(path)
+
+
+@dataclass(frozen=True, slots=True)
+class ListeningSocket:
+    """A listening TCP socket: address, port and (when found) the owning process."""
+
+    address: str
+    port: int
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """The walk, as base64 of zlib-compressed bytes: ``paths``, each followed by a NUL,
+    and ``numbers``, four int64s per path in the guest's byte order (x86: little-endian):
+    size, ``st_mode``, inode, ctime (ns). Equal inode and ctime: unchanged.
+    ``count`` entries; ``duration_ms`` the scan's time in the guest."""
+
+    paths: str
+    numbers: str
+    count: int
+    processes: list[ProcessInfo]
+    listening: list[ListeningSocket]
+    duration_ms: float = 0.0
+
+
 OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.HELLO: (HelloArgs, HelloResult),
     Op.EXEC: (ExecArgs, ExecResult),
@@ -690,5 +733,6 @@ OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.TUNNEL_SHUTDOWN: (TunnelArgs, Empty),
     Op.MAKE_DIR: (MakeDirArgs, MakeDirResult),
     Op.RENAME: (RenameArgs, Empty),
+    Op.SCAN: (ScanArgs, ScanResult),
 }
 """Args and result model of each op."""

@@ -40,6 +40,7 @@ from forkpoint.models import (
     ProcessEvent,
     Session,
     SessionState,
+    StateDiff,
     TrackedProcess,
 )
 from forkpoint.store import (
@@ -341,7 +342,11 @@ class Runtime(Queries):
         await asyncio.to_thread(self._remove_checkpoint_now, checkpoint)
 
     def _remove_checkpoint_now(self, checkpoint: str) -> None:
-        self._checkpoints.delete(checkpoint)
+        from .diffs import ScanCache
+
+        record = self.store.get_checkpoint(checkpoint)
+        self._checkpoints.delete(record.id)
+        ScanCache(self.home.root / "scans").forget(record.id)
         self.gc()
 
     # -- fork & rollback ---------------------------------------------------------------
@@ -434,6 +439,40 @@ class Runtime(Queries):
             await started.machine.close()
         await asyncio.to_thread(self.gc)
         return session_of(record)
+
+    # -- diff --------------------------------------------------------------------------
+
+    async def diff(
+        self,
+        a: str,
+        b: str | None = None,
+        *,
+        include_tmp: bool = False,
+        exclude: Sequence[str] = (),
+        patch: bool = False,
+    ) -> StateDiff:
+        """Files added/removed/modified, processes started/gone and listening ports
+        opened/closed from ``a`` to ``b`` (checkpoints or sessions). ``a`` a checkpoint and
+        no ``b``: against its session now; ``a`` a session: from the checkpoint ``rollback``
+        would restore. ``patch``: unified diffs of small text files. A checkpoint is looked
+        at through a short-lived fork (its scan is kept: checkpoints never change).
+
+        :raises NotFound: :raises Conflict: a session to compare is not running.
+        """
+        from .inspect import diff_states
+
+        return await diff_states(
+            self, a, b, include_tmp=include_tmp, exclude=tuple(exclude), patch=patch
+        )
+
+    async def rollback_preview(
+        self, session: str, checkpoint: str | None = None, *, patch: bool = False
+    ) -> StateDiff:
+        """What ``rollback(session, checkpoint)`` would undo (the diff from that checkpoint
+        to the session now); changes nothing."""
+        from .inspect import rollback_preview
+
+        return await rollback_preview(self, session, checkpoint, patch=patch)
 
     # -- ports -------------------------------------------------------------------------
 
