@@ -24,6 +24,7 @@ def _register_all() -> None:
         demo,
         e2b,
         guest,
+        history,
         images,
         serve,
         sessions,
@@ -34,6 +35,7 @@ def _register_all() -> None:
     guest.register(app)
     checkpoints.register(app)
     browser.register(app)
+    history.register(app)
     demo.register(app)
     bench.register(app)
     serve.register(app)

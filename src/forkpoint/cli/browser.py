@@ -1,4 +1,7 @@
-"""``forkpoint screenshot URL -o PNG`` and ``forkpoint diff A.png B.png [-o D.png]``."""
+"""``forkpoint screenshot URL -o PNG`` and ``forkpoint diff A.png B.png [-o D.png]``.
+
+``diff`` is registered by ``history.py``: it compares checkpoints and sessions, and calls
+:func:`diff_command` here when both arguments are files on the host."""
 
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     app.command("screenshot")(screenshot_command)
-    app.command("diff")(diff_command)
 
 
 @reports_errors
@@ -48,7 +50,6 @@ def screenshot_command(
     )
 
 
-@reports_errors
 def diff_command(
     a: Annotated[Path, typer.Argument(help="First PNG.")],
     b: Annotated[Path, typer.Argument(help="Second PNG, same size.")],

@@ -23,7 +23,7 @@ from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, r
 from forkpoint.errors import ForkpointError, InvalidInput
 
 if TYPE_CHECKING:
-    from forkpoint.models import Checkpoint, Session
+    from forkpoint.models import Checkpoint, Session, StateDiff
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -182,6 +182,24 @@ def fork_command(
         raise typer.Exit(max(f.exit_code for f in failures))
 
 
+def _rollback_preview(session: str, checkpoint: str | None, *, patch: bool, as_json: bool) -> None:
+    from forkpoint.cli.history import print_diff
+
+    async def op(runtime: Runtime) -> StateDiff:
+        return await runtime.rollback_preview(session, checkpoint, patch=patch)
+
+    with spinner(f"comparing {session} with its checkpoint…"):
+        preview = run(op)
+    if as_json:
+        emit_json(preview)
+        return
+    print_diff(
+        preview,
+        f"rolling back [cyan]{escape(session)}[/] to [cyan]{preview.source}[/] would undo",
+        undo=True,
+    )
+
+
 @reports_errors
 def rollback_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
@@ -189,12 +207,23 @@ def rollback_command(
         str | None,
         typer.Argument(help="Checkpoint of its lineage (default: its latest own checkpoint)."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show what the rollback would undo; change nothing."),
+    ] = False,
+    patch: Annotated[
+        bool, typer.Option("--patch", "-p", help="With --dry-run: diffs of small text files.")
+    ] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Reset a session to a checkpoint: same id, same ports, processes restored from memory.
 
-    Also revives a crashed session.
+    Also revives a crashed session. --dry-run prints what it would undo (files, processes,
+    listening ports; see `forkpoint diff`) and changes nothing.
     """
+    if dry_run:
+        _rollback_preview(session, checkpoint, patch=patch, as_json=as_json)
+        return
 
     async def op(runtime: Runtime) -> Session:
         return await runtime.rollback(session, checkpoint)

@@ -29,7 +29,8 @@ _TCP_LISTEN = "0A"
 def walk(roots: list[str], exclude: list[str]) -> tuple[bytes, bytes, int]:
     """Every entry under ``roots`` (the roots included): the paths, each followed by a
     NUL, and per entry four int64s (native order): size, ``st_mode``, inode, ctime (ns)
-    (no mtime: writing a file changes its ctime too). Kept to the bare loop: under TCG each Python operation per entry shows."""
+    (no mtime: writing a file changes its ctime too). Kept to the bare loop: under TCG
+    each Python operation per entry shows."""
     skip = {os.fsencode(p.rstrip("/") or "/") for p in exclude}
     paths: list[bytes] = []
     nums = array.array("q")
