@@ -70,6 +70,8 @@ class CreateSessionRequest(_Request):
     name: Name | None = None
     ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
     network: Network = Network.USER
+    history: bool = False  # a checkpoint before every exec and file write (undo)
+    history_keep: Annotated[int, Field(ge=1, le=1000)] = 20  # automatic checkpoints kept
 
 
 class ExecRequest(_Request):

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
-from forkpoint.cli._run import Timer, format_ms, run, spinner
+from forkpoint.cli._run import Timer, format_ms, print_table, run, short_time, spinner
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.models import StateDiff
+    from forkpoint.models import HistoryStep, Session, StateDiff
     from forkpoint.runtime import Runtime
 
 __all__ = ["print_diff", "register"]
@@ -27,6 +28,76 @@ _MAX_SHOWN = 200  # file lines printed for people (--json has them all)
 
 def register(app: typer.Typer) -> None:
     app.command("diff")(diff_command)
+    app.command("history")(history_command)
+    app.command("undo")(undo_command)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+@reports_errors
+def history_command(
+    session: Annotated[str, typer.Argument(help="Session id or name (created with --history).")],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """The steps of a session created with --history: the checkpoint before each, its
+    label (command or path), time, the space it costs and the forks started from it."""
+    import asyncio
+
+    async def op(runtime: Runtime) -> list[HistoryStep]:
+        return await asyncio.to_thread(runtime.history, session)
+
+    steps = run(op)
+    if as_json:
+        emit_json(steps)
+        return
+    if not steps:
+        console.print("no steps yet")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("STEP", "CHECKPOINT", "TIME", "SIZE", "FORKS", "LABEL"):
+        table.add_column(column, no_wrap=column != "LABEL")
+    for step in steps:
+        label = escape(step.label) if step.automatic else f"[bold]{escape(step.label)}[/]"
+        table.add_row(
+            str(step.step), step.checkpoint, short_time(step.created_at), _size(step.size_bytes),
+            ", ".join(step.forks), label,
+        )  # fmt: skip
+    print_table(table)
+    total = sum(s.size_bytes for s in steps)
+    console.print(
+        f"[dim]{len(steps)} checkpoints, {_size(total)}; "
+        "undo N rolls back to before the last N steps[/]"
+    )
+
+
+@reports_errors
+def undo_command(
+    session: Annotated[str, typer.Argument(help="Session id or name (created with --history).")],
+    steps: Annotated[int, typer.Option("--steps", "-n", help="How many steps to undo.")] = 1,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Undo the last N steps (exec or file write), processes included: roll back to the
+    checkpoint taken before them."""
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.undo(session, steps)
+
+    with spinner(f"undoing {steps} step(s) of {session}…"), Timer() as timer:
+        result = run(op)
+    if as_json:
+        emit_json(result)
+        return
+    console.print(
+        f"[bold green]undid[/] {steps} step{'s' if steps != 1 else ''} of [cyan]{result.id}[/]: "
+        f"back at [cyan]{result.parent_checkpoint}[/] in {format_ms(timer.ms)}"
+    )
 
 
 def _is_image_pair(a: str, b: str | None) -> bool:

@@ -52,6 +52,15 @@ def create_command(
     network: Annotated[
         str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
     ] = "user",
+    history: Annotated[
+        bool,
+        typer.Option(
+            "--history", help="Checkpoint before every exec and file write (history, undo)."
+        ),
+    ] = False,
+    history_keep: Annotated[
+        int, typer.Option("--history-keep", help="Automatic checkpoints kept (with --history).")
+    ] = 20,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create a session (a running microVM) from an image.
@@ -63,7 +72,7 @@ def create_command(
     async def op(runtime: Runtime) -> Session:
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
-            network=network,
+            network=network, history=history, history_keep=history_keep,
         )  # fmt: skip
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:

@@ -33,6 +33,7 @@ from forkpoint.models import (
     CommandResult,
     FileEntry,
     FileStat,
+    HistoryStep,
     Network,
     OutputEncoding,
     Port,
@@ -158,25 +159,36 @@ class Runtime(Queries):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        history: bool = False,
+        history_keep: int = 20,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
 
+        ``history``: checkpoint it before every exec and file write made through forkpoint
+        (``history``, ``undo``), keeping the last ``history_keep`` automatic checkpoints.
         :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
         """
         from forkpoint.requests import CreateSessionRequest, parse  # pydantic: only when used
 
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
-            ports=tuple(ports), network=network,
+            ports=tuple(ports), network=network, history=history, history_keep=history_keep,
         )  # fmt: skip
         img, shape = await asyncio.to_thread(
             self._machine, request.image, request.memory_mib, request.cpus
         )
         template = await self._templates.get(img, shape)
-        return await self._start_session(
+        session = await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network,
         )  # fmt: skip
+        if request.history:
+            from forkpoint.store.history import HistoryStore
+
+            await asyncio.to_thread(
+                HistoryStore(self.store).enable, session.id, request.history_keep
+            )
+        return session
 
     async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
         """Make sure the image's template exists (booting it once if needed); returns ms.
@@ -474,6 +486,28 @@ class Runtime(Queries):
 
         return await rollback_preview(self, session, checkpoint, patch=patch)
 
+    # -- history -----------------------------------------------------------------------
+
+    async def _step(self, session: str, label: str | Sequence[str]) -> None:
+        """Before a step: a labelled checkpoint if the session keeps a history."""
+        from .history import label_of, record_step
+
+        await record_step(self, session, label_of(label))
+
+    def history(self, session: str) -> list[HistoryStep]:
+        """The steps of a session created with ``history`` (blocking), oldest first.
+        :raises Conflict: it keeps no history."""
+        from .history import history_of
+
+        return history_of(self, session)
+
+    async def undo(self, session: str, steps: int = 1) -> Session:
+        """Roll back to before the last ``steps`` steps, processes included.
+        :raises Conflict: no history, or fewer steps than that."""
+        from .history import undo
+
+        return await undo(self, session, steps)
+
     # -- ports -------------------------------------------------------------------------
 
     async def forward_port(self, session: str, guest_port: int) -> Port:
@@ -544,6 +578,7 @@ class Runtime(Queries):
         (UTF-8 text, or base64 for the exact bytes).
         :raises CommandTimeout: past ``timeout`` seconds (the command is killed).
         """
+        await self._step(session, command)
         async with self.agent(session) as agent:
             r = await agent.exec(
                 command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
@@ -563,6 +598,7 @@ class Runtime(Queries):
         env: Mapping[str, str] | None = None,
     ) -> BackgroundProcess:
         """Start a detached background process; it survives checkpoints, forks, rollbacks."""
+        await self._step(session, command)
         async with self.agent(session) as agent:
             return await agent.spawn(command, cwd=cwd, env=env)
 
@@ -586,6 +622,7 @@ class Runtime(Queries):
     ) -> None:
         """Write a guest file (parents created; streamed when ``data`` is a file).
         ``user``: the file and the parents it creates belong to that guest user."""
+        await self._step(session, f"write {path}")
         async with self.agent(session) as agent:
             await agent.write_file(path, data, mode=mode, user=user)
 
@@ -609,10 +646,12 @@ class Runtime(Queries):
     async def rename(self, session: str, src: str, dst: str, user: str | None = None) -> None:
         """Move ``src`` to ``dst`` (with ``user``: only where that user may write).
         :raises NotFound: :raises InvalidInput:"""
+        await self._step(session, f"rename {src} {dst}")
         async with self.agent(session) as agent:
             await agent.rename(src, dst, user=user)
 
     async def remove_file(self, session: str, path: str) -> None:
+        await self._step(session, f"remove {path}")
         async with self.agent(session) as agent:
             await agent.remove(path)
 

@@ -121,7 +121,35 @@ def _v4_jail(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX sessions_uid ON sessions(uid)")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_core, _v2_templates, migrate_e2b, _v4_jail)
+def _v5_history(conn: sqlite3.Connection) -> None:
+    """Sessions with a step history (``keep``: automatic checkpoints kept), and the label of
+    each checkpoint of such a session (``automatic``: made before a step, not by name;
+    ``undone``: an ``undo`` went back past that step).
+    A step goes with its checkpoint; the session row may go first (its checkpoints stay)."""
+    _run(
+        conn,
+        """CREATE TABLE history_sessions (
+            session_id TEXT PRIMARY KEY REFERENCES sessions(id) ON DELETE CASCADE,
+            keep INTEGER NOT NULL
+        )""",
+        """CREATE TABLE history_steps (
+            checkpoint_id TEXT PRIMARY KEY REFERENCES checkpoints(id) ON DELETE CASCADE,
+            session_id TEXT NOT NULL,
+            label TEXT NOT NULL,
+            automatic INTEGER NOT NULL,
+            undone INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX history_steps_session ON history_steps(session_id)",
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_core,
+    _v2_templates,
+    migrate_e2b,
+    _v4_jail,
+    _v5_history,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
