@@ -37,6 +37,9 @@ __all__ = [
     "Name",
     "PortRequest",
     "Ref",
+    "DiffRequest",
+    "RollbackPreviewRequest",
+    "UndoRequest",
     "RollbackRequest",
     "describe_invalid",
     "parse",
@@ -108,6 +111,27 @@ class ForkRequest(_Request):
 
 class RollbackRequest(_Request):
     checkpoint: Ref | None = None
+
+
+class RollbackPreviewRequest(_Request):
+    """What ``rollback`` to ``checkpoint`` would undo (``patch``: small text diffs)."""
+
+    checkpoint: Ref | None = None
+    patch: bool = False
+
+
+class DiffRequest(_Request):
+    """``a`` and ``b``: checkpoints or sessions (``b`` None: see ``Runtime.diff``)."""
+
+    a: Ref
+    b: Ref | None = None
+    patch: bool = False
+    include_tmp: bool = False
+    exclude: Annotated[tuple[GuestPath, ...], Field(max_length=64)] = ()
+
+
+class UndoRequest(_Request):
+    steps: Annotated[int, Field(ge=1, le=1000)] = 1
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -25,8 +25,10 @@ from forkpoint.models import (
     Checkpoint,
     CommandResult,
     ErrorResponse,
+    HistoryStep,
     Port,
     Session,
+    StateDiff,
 )
 from forkpoint.requests import Cpus, ForkCount, GuestPort, MemoryMiB, Name
 from forkpoint.runtime import Runtime
@@ -47,12 +49,18 @@ TOOL_NAMES = (
     "rollback",
     "list_sessions",
     "remove_session",
+    "diff",
+    "history",
+    "undo",
 )
 _INSTRUCTIONS = (
     "forkpoint runs each session as a microVM that can be checkpointed, forked and rolled "
     "back in milliseconds. Create a session, run commands and edit files in it, forward a "
     "guest port to look at a web app, checkpoint before risky steps, fork to try "
-    "alternatives in parallel, roll back to undo everything (processes included)."
+    "alternatives in parallel, roll back to undo everything (processes included). Create "
+    "with history=true to get a checkpoint before every command and file write: `history` "
+    "lists the steps, `undo` takes back the last ones, `diff` (or rollback with "
+    "dry_run=true) shows what changed."
 )
 
 
@@ -82,12 +90,16 @@ def build_server(runtime: Runtime) -> MCPServer:
         cpus: Cpus = 1,
         name: Name | None = None,
         ports: list[GuestPort] | None = None,
+        history: bool = False,
     ) -> Session:
         """Create a session (a microVM) from an image; ``ports`` are guest ports to forward
-        to the host's 127.0.0.1. Returns the session (id, ports with URLs, ...)."""
+        to the host's 127.0.0.1. ``history``: checkpoint automatically before every exec
+        and file write, so `undo` can take steps back. Returns the session (id, ports with
+        URLs, ...)."""
         return await runtime.create(
-            image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or ()
-        )
+            image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or (),
+            history=history,
+        )  # fmt: skip
 
     @_tool_errors
     async def exec(
@@ -150,9 +162,40 @@ def build_server(runtime: Runtime) -> MCPServer:
         }
 
     @_tool_errors
-    async def rollback(session: str, checkpoint: str | None = None) -> Session:
-        """Reset a session (same id and ports) to a checkpoint (default: its latest)."""
+    async def rollback(
+        session: str, checkpoint: str | None = None, dry_run: bool = False
+    ) -> Session | StateDiff:
+        """Reset a session (same id and ports) to a checkpoint (default: its latest).
+        dry_run=true changes nothing and returns what the rollback would undo: files
+        added/removed/modified, processes started/gone, listening ports opened/closed."""
+        if dry_run:
+            return await runtime.rollback_preview(session, checkpoint)
         return await runtime.rollback(session, checkpoint)
+
+    @_tool_errors
+    async def diff(
+        a: str, b: str | None = None, patch: bool = False, include_tmp: bool = False
+    ) -> StateDiff:
+        """What changed between two checkpoints or sessions: files added/removed/modified
+        (path, size, mode; with patch=true a unified diff of small text files), processes
+        started/gone (pid, command) and listening ports opened/closed. Only a: a session is
+        compared with its latest checkpoint (what a rollback would undo), a checkpoint with
+        its session now. /proc, /sys, /dev, /run, /tmp and /etc/hostname are left out."""
+        return await runtime.diff(a, b, patch=patch, include_tmp=include_tmp)
+
+    @_tool_errors
+    async def history(session: str) -> dict[str, list[HistoryStep]]:
+        """The steps of a session created with history=true, oldest first: for each, the
+        checkpoint taken just before it, its label (the command, or the path written), its
+        time, the disk space it costs and the forks started from it."""
+        return {"steps": await asyncio.to_thread(runtime.history, session)}
+
+    @_tool_errors
+    async def undo(session: str, steps: Annotated[int, Field(ge=1, le=1000)] = 1) -> Session:
+        """Undo the last step(s) of a session created with history=true: roll it back to
+        the checkpoint taken before them, including processes they killed or started and
+        files they wrote or deleted. steps=2 undoes the last two commands/writes."""
+        return await runtime.undo(session, steps)
 
     @_tool_errors
     async def list_sessions() -> dict[str, list[Session]]:
@@ -167,7 +210,7 @@ def build_server(runtime: Runtime) -> MCPServer:
 
     for fn in (
         create_session, exec, read_file, write_file, forward_port, checkpoint, fork,
-        rollback, list_sessions, remove_session,
+        rollback, list_sessions, remove_session, diff, history, undo,
     ):  # fmt: skip
         server.add_tool(fn)
     return server

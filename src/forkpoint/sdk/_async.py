@@ -17,9 +17,11 @@ from forkpoint.models import (
     BackgroundProcess,
     CommandResult,
     FileEntry,
+    HistoryStep,
     Network,
     Process,
     Session,
+    StateDiff,
 )
 from forkpoint.models import Checkpoint as CheckpointInfo  # `Checkpoint` is the sync twin
 
@@ -167,18 +169,22 @@ class AsyncSandbox:
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        history: bool = False,
+        history_keep: int = 20,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1). :raises NotFound: no such image. :raises InvalidInput:"""
+        forward to 127.0.0.1). ``history``: a checkpoint before every command and file
+        write (see :meth:`history`, :meth:`undo`), the last ``history_keep`` kept.
+        :raises NotFound: no such image. :raises InvalidInput:"""
         client = ApiClient(base_url, token, runtime)
         client.retain()  # held while creating, so a failure closes the connection
         try:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
-                network=str(network),
+                network=str(network), history=history, history_keep=history_keep,
             )  # fmt: skip
             return cls(client, info)
         finally:
@@ -243,6 +249,40 @@ class AsyncSandbox:
         latest). :raises Conflict: the checkpoint is not in this session's lineage."""
         ck = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
         self._info = await self._client.rollback(self.id, ck)
+
+    async def rollback_preview(
+        self, checkpoint: AsyncCheckpoint | str | None = None, *, patch: bool = False
+    ) -> StateDiff:
+        """What :meth:`rollback` to ``checkpoint`` would undo (files, processes, listening
+        ports); changes nothing."""
+        ck = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
+        return await self._client.rollback_preview(self.id, ck, patch)
+
+    async def diff(
+        self,
+        since: AsyncCheckpoint | str | None = None,
+        *,
+        patch: bool = False,
+        include_tmp: bool = False,
+        exclude: Sequence[str] = (),
+    ) -> StateDiff:
+        """What changed in this session since checkpoint ``since`` (default: the one
+        :meth:`rollback` would restore): files, processes, listening ports."""
+        ck = since.id if isinstance(since, AsyncCheckpoint) else since
+        return await self._client.diff(
+            a=ck or self.id, b=self.id if ck else None, patch=patch, include_tmp=include_tmp,
+            exclude=list(exclude),
+        )  # fmt: skip
+
+    async def history(self) -> list[HistoryStep]:
+        """The steps of a session created with ``history=True``, oldest first.
+        :raises Conflict: it keeps no history."""
+        return await self._client.history(self.id)
+
+    async def undo(self, steps: int = 1) -> None:
+        """Undo the last ``steps`` commands or file writes, processes included (a rollback
+        to the checkpoint taken before them). :raises Conflict: no history, too few steps."""
+        self._info = await self._client.undo(self.id, steps)
 
     async def kill(self) -> None:
         """Destroy the session (its VM and files) and release the connection."""

@@ -31,9 +31,11 @@ from forkpoint.models import (
     CommandResult,
     ErrorResponse,
     FileEntry,
+    HistoryStep,
     Port,
     Process,
     Session,
+    StateDiff,
 )
 
 if TYPE_CHECKING:
@@ -151,6 +153,24 @@ class ApiClient:
     async def rollback(self, session: str, checkpoint: str | None) -> Session:
         path = f"/sessions/{_seg(session)}/rollback"
         return await self._parse(Session, "POST", path, json={"checkpoint": checkpoint})
+
+    async def rollback_preview(
+        self, session: str, checkpoint: str | None, patch: bool
+    ) -> StateDiff:
+        path = f"/sessions/{_seg(session)}/rollback/preview"
+        body = {"checkpoint": checkpoint, "patch": patch}
+        return await self._parse(StateDiff, "POST", path, json=body)
+
+    async def diff(self, **request: Any) -> StateDiff:
+        """``request``: the fields of :class:`~forkpoint.requests.DiffRequest`."""
+        return await self._parse(StateDiff, "POST", "/diff", json=request)
+
+    async def history(self, session: str) -> list[HistoryStep]:
+        return await self._parse(list[HistoryStep], "GET", f"/sessions/{_seg(session)}/history")
+
+    async def undo(self, session: str, steps: int) -> Session:
+        path = f"/sessions/{_seg(session)}/undo"
+        return await self._parse(Session, "POST", path, json={"steps": steps})
 
     # -- commands ----------------------------------------------------------------------
 

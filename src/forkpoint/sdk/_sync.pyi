@@ -9,9 +9,11 @@ from forkpoint.models import (
     BackgroundProcess,
     CommandResult,
     FileEntry,
+    HistoryStep,
     Network,
     Process,
     Session,
+    StateDiff,
 )
 from forkpoint.models import Checkpoint as CheckpointInfo
 from forkpoint.runtime import Runtime
@@ -70,6 +72,8 @@ class Sandbox(SyncTwin):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        history: bool = False,
+        history_keep: int = 20,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
@@ -98,6 +102,19 @@ class Sandbox(SyncTwin):
     def refresh(self) -> Session: ...
     def checkpoint(self, name: str | None = None) -> Checkpoint: ...
     def rollback(self, checkpoint: Checkpoint | str | None = None) -> None: ...
+    def rollback_preview(
+        self, checkpoint: Checkpoint | str | None = None, *, patch: bool = False
+    ) -> StateDiff: ...
+    def diff(
+        self,
+        since: Checkpoint | str | None = None,
+        *,
+        patch: bool = False,
+        include_tmp: bool = False,
+        exclude: Sequence[str] = (),
+    ) -> StateDiff: ...
+    def history(self) -> list[HistoryStep]: ...
+    def undo(self, steps: int = 1) -> None: ...
     def kill(self) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Sandbox: ...

@@ -32,18 +32,23 @@ from forkpoint.models import (
     ErrorResponse,
     FileEntry,
     Health,
+    HistoryStep,
     Port,
     Process,
     Session,
+    StateDiff,
 )
 from forkpoint.requests import (
     CheckpointRequest,
     CreateSessionRequest,
+    DiffRequest,
     ExecRequest,
     ForkRequest,
     PortRequest,
     Ref,
+    RollbackPreviewRequest,
     RollbackRequest,
+    UndoRequest,
     describe_invalid,
 )
 from forkpoint.runtime import Runtime
@@ -166,6 +171,29 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
     @r.post("/sessions/{session_id}/rollback", tags=["sessions"])
     async def rollback(session_id: SessionId, body: RollbackRequest) -> Session:
         return await runtime.rollback(session_id, body.checkpoint)
+
+    # -- history and diffs -------------------------------------------------------------
+
+    @r.post("/sessions/{session_id}/rollback/preview", tags=["history"])
+    async def rollback_preview(session_id: SessionId, body: RollbackPreviewRequest) -> StateDiff:
+        """What the rollback would undo (files, processes, listening ports); changes nothing."""
+        return await runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
+
+    @r.post("/diff", tags=["history"])
+    async def diff(body: DiffRequest) -> StateDiff:
+        """What changed from checkpoint or session ``a`` to ``b``."""
+        return await runtime.diff(
+            body.a, body.b, patch=body.patch, include_tmp=body.include_tmp, exclude=body.exclude
+        )
+
+    @r.get("/sessions/{session_id}/history", tags=["history"])
+    async def history(session_id: SessionId) -> list[HistoryStep]:
+        return await asyncio.to_thread(runtime.history, session_id)
+
+    @r.post("/sessions/{session_id}/undo", tags=["history"])
+    async def undo(session_id: SessionId, body: UndoRequest) -> Session:
+        """Roll back to before the last ``steps`` steps, processes included."""
+        return await runtime.undo(session_id, body.steps)
 
     # -- commands ----------------------------------------------------------------------
 
