@@ -33,6 +33,7 @@ from forkpoint.store import (
     session_lock,
     session_lock_async,
 )
+from forkpoint.store.history import HistoryStore
 from forkpoint.store.schema import MIGRATIONS, migrate, schema_version
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -96,8 +97,8 @@ def test_fresh_database_is_wal_at_current_version(home: Home) -> None:
 def test_older_database_is_upgraded_and_keeps_its_data(home: Home) -> None:
     home.ensure()
     with closing(sqlite3.connect(home.db, isolation_level=None)) as conn:
-        migrate(conn, MIGRATIONS[:-1])  # a database from the previous release
-        assert schema_version(conn) == SCHEMA_VERSION - 1
+        migrate(conn, MIGRATIONS[:3])  # a database from before v4 (jail uids)
+        assert schema_version(conn) == 3
         conn.execute("INSERT INTO layers VALUES ('old.qcow2', NULL, '2024-01-01T00:00:00.000Z')")
         for sid in ("s-000000000a", "s-000000000b"):
             conn.execute(
@@ -110,7 +111,8 @@ def test_older_database_is_upgraded_and_keeps_its_data(home: Home) -> None:
         assert store.schema_version == SCHEMA_VERSION
         assert store.layer_chain("old.qcow2") == ["old.qcow2"]
         assert {s.uid for s in store.list_sessions()} == {JAIL_UID_BASE + 1, JAIL_UID_BASE + 2}
-        assert store.get_template("ih", "mk") is None  # the newest table works
+        assert store.get_template("ih", "mk") is None
+        assert HistoryStore(store).keep("s-000000000a") is None  # the newest tables work
 
 
 def test_migration_runs_each_step_once_and_in_order(tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def build_result(
     wall_s: float | None = None,
     cli: Mapping[str, Summary] | None = None,
     e2b: Mapping[str, Summary] | None = None,
+    history: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble ``bench.json`` and judge every operation against its target."""
     op_out: dict[str, Any] = {}
@@ -129,6 +130,11 @@ def build_result(
             ls["meets_target"] = ls["p50_ms"] <= TARGETS["cli_ls"]
     if e2b:
         result["e2b"] = {name: dict(summary) for name, summary in e2b.items()}
+    if history:
+        result["history"] = dict(history)
+        warm = history.get("diff_10k_warm")
+        if warm:
+            result["history"]["meets_target"] = warm["p50_ms"] <= history["diff_target_ms"]
     if wall_s is not None:
         result["wall_s"] = round(wall_s, 1)
     return result
@@ -227,6 +233,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         )
     lines += _cli_lines(result.get("cli", {}))
     lines += _e2b_lines(result.get("e2b", {}))
+    lines += _history_lines(result.get("history", {}))
     memory = result["memory"]
     total = memory.get("fork20_total_mib")
     lines += ["", "## Memory", ""]
@@ -251,6 +258,34 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     if "wall_s" in result:
         lines.append(f"- bench wall time: {result['wall_s']:.0f} s")
     return "\n".join(lines) + "\n"
+
+
+def _history_lines(history: Mapping[str, Any]) -> list[str]:
+    if not history:
+        return []
+    mark = "✅" if history.get("meets_target") else "❌"
+    cold, warm = history["diff_10k_cold"], history["diff_10k_warm"]
+    return [
+        "",
+        "## History",
+        "",
+        f"`diff CHECKPOINT` with 10,000 more files than the image ({history['entries']:,} "
+        "paths walked): *cold* is the first diff against a checkpoint (a fork of it is "
+        "scanned beside the session), *warm* a later one (the checkpoint's scan is kept).",
+        "",
+        "| measurement | p50 | p95 | n |",
+        "|---|---:|---:|---:|",
+        f"| diff, cold | {_ms(cold['p50_ms'])} | {_ms(cold['p95_ms'])} | {cold['n']} |",
+        f"| diff, warm (target ≤ {_ms(history['diff_target_ms'])} {mark}) | "
+        f"{_ms(warm['p50_ms'])} | {_ms(warm['p95_ms'])} | {warm['n']} |",
+        f"| `exec true`, with history | {_ms(history['exec_history']['p50_ms'])} | "
+        f"{_ms(history['exec_history']['p95_ms'])} | {history['exec_history']['n']} |",
+        f"| `exec true`, without | {_ms(history['exec_plain']['p50_ms'])} | "
+        f"{_ms(history['exec_plain']['p95_ms'])} | {history['exec_plain']['n']} |",
+        "",
+        f"A history step costs ≈ {_ms(history['step_ms'])} (its checkpoint) and "
+        f"{history['step_bytes'] / 2**20:.0f} MiB of disk (the checkpoint's RAM file).",
+    ]
 
 
 def _e2b_lines(e2b: Mapping[str, Any]) -> list[str]:

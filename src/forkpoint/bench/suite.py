@@ -31,6 +31,7 @@ from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
 from .baselines import Baselines
 from .e2b import measure_e2b
+from .history import measure_history
 from .report import build_result
 from .stats import Summary, summarize
 
@@ -192,6 +193,7 @@ class Suite:
         )
         cli = await self._cli_overhead(server.id)
         e2b = await measure_e2b(self.runtime, plan.reps, self.log)
+        history = await measure_history(self.runtime, min(plan.reps, 3), self.log)
 
         baselines = await self._baselines(shape, boot, image, checkpoint.id)
         await self._remove_sessions([server])
@@ -212,6 +214,7 @@ class Suite:
             wall_s=time.perf_counter() - started,
             cli=cli,
             e2b=e2b,
+            history=history,
         )
         return result
 
