@@ -33,9 +33,10 @@ _MAKE_FILES = (
     "        with open(f'{d}/f{j}.txt', 'w') as f:\n"
     "            f.write(f'{i} {j}\\n')\n"
 )
+# Three changes, new ones in every repetition (the tree is not reset between them).
 _CHANGE = (
-    "rm /root/bench-tree/d1/f1.txt; echo changed >> /root/bench-tree/d2/f2.txt; "
-    "echo new > /root/bench-tree/new.txt"
+    "rm /root/bench-tree/d1/f{rep}.txt; echo changed >> /root/bench-tree/d2/f2.txt; "
+    "echo new > /root/bench-tree/new-{rep}.txt"
 )
 
 
@@ -50,9 +51,9 @@ async def measure_history(
         cold: list[float] = []
         warm: list[float] = []
         entries = 0
-        for _ in range(reps):
+        for rep in range(reps):
             checkpoint = await runtime.checkpoint(tree.id)
-            await runtime.exec(tree.id, _CHANGE)
+            await runtime.exec(tree.id, _CHANGE.format(rep=rep))
             for samples in (cold, warm, warm):
                 started = time.perf_counter()
                 diff = await runtime.diff(checkpoint.id)
@@ -61,7 +62,6 @@ async def measure_history(
                 if len(diff.files) != 3:
                     log(f"diff_10k: expected 3 changed files, got {len(diff.files)}")
             await runtime.remove_checkpoint(checkpoint.id)
-            await runtime.exec(tree.id, "touch /root/bench-tree/d2/f2.txt")
         out["diff_10k_cold"], out["diff_10k_warm"] = summarize(cold), summarize(warm)
         out["entries"] = entries
         log(
@@ -102,5 +102,5 @@ async def _steps(runtime: Runtime, reps: int, log: Callable[[str], None]) -> dic
     finally:
         await runtime.remove(plain.id)
         await runtime.remove(stepped.id)
-        for checkpoint in runtime.list_checkpoints(stepped.id):  # they outlive the session
-            await runtime.remove_checkpoint(checkpoint.id)
+        for checkpoint in runtime.store.list_checkpoints(session_id=stepped.id):
+            await runtime.remove_checkpoint(checkpoint.id)  # they outlive their session

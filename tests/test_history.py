@@ -1,0 +1,162 @@
+"""Diffs and histories without a VM: the guest's walk on a host directory, the comparison,
+patches, the scan cache, the history rows, and the CLI's dispatch of ``diff``."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from forkpoint.config import Home
+from forkpoint.guest import scan as guest_scan
+from forkpoint.models import to_json_data
+from forkpoint.models.history import DEFAULT_DIFF_EXCLUDE
+from forkpoint.protocol import (
+    ListeningSocket,
+    ProcessInfo,
+    ScanArgs,
+    ScanResult,
+    from_wire,
+    to_wire,
+)
+from forkpoint.runtime.diffs import (
+    ScanCache,
+    compare,
+    exclusions,
+    parse_scan,
+    patch_candidates,
+    unified_patch,
+)
+from forkpoint.store import Store
+from forkpoint.store.history import HistoryStore, StepRecord
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _scan(root: Path, processes: list[ProcessInfo], listening: list[ListeningSocket]) -> ScanResult:
+    import base64
+    import zlib
+
+    paths, numbers, count = guest_scan.walk([str(root)], [str(root / "skipped")])
+    return ScanResult(
+        paths=base64.b64encode(zlib.compress(paths)).decode(),
+        numbers=base64.b64encode(zlib.compress(numbers)).decode(),
+        count=count, processes=processes, listening=listening,
+    )  # fmt: skip
+
+
+def test_walk_and_compare_find_exactly_what_changed(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    (root / "dir").mkdir(parents=True)
+    (root / "skipped").mkdir()
+    (root / "skipped" / "inside").write_text("never listed")
+    (root / "dir" / "same.txt").write_text("same\n")
+    (root / "dir" / "edit.txt").write_text("one\n")
+    (root / "gone.txt").write_text("bye\n")
+    (root / "chmod.sh").write_text("#!/bin/sh\n")
+    os.symlink("dir/same.txt", root / "link")
+    server = ProcessInfo(pid=40, ppid=1, cmd="python3 -m http.server 8000")
+    before = _scan(
+        root, [ProcessInfo(1, 0, "init"), server], [ListeningSocket("0.0.0.0", 8000, 40)]
+    )
+    (root / "dir" / "edit.txt").write_text("one\ntwo\n")
+    (root / "gone.txt").unlink()
+    (root / "new").mkdir()
+    (root / "new" / "file.bin").write_bytes(b"\0\1")
+    (root / "chmod.sh").chmod(0o755)
+    after = _scan(root, [ProcessInfo(1, 0, "init"), ProcessInfo(41, 1, "sleep 9")], [])
+
+    excluded = exclusions(False)
+    diff = compare(
+        parse_scan(before, excluded), parse_scan(after, excluded),
+        source="c-0000000001", target="s-0000000001", excluded=excluded, duration_ms=1.0,
+    )  # fmt: skip
+    got = {(Path(c.path).relative_to(root).as_posix(), c.change, c.type) for c in diff.files}
+    assert got == {
+        ("dir/edit.txt", "modified", "file"),
+        ("gone.txt", "removed", "file"),
+        ("new", "added", "dir"),
+        ("new/file.bin", "added", "file"),
+        ("chmod.sh", "modified", "file"),
+    }
+    chmod = next(c for c in diff.files if c.path.endswith("chmod.sh"))
+    assert (chmod.old_mode, chmod.mode) == (f"{0o666 & ~_umask():04o}", "0755")
+    edit = next(c for c in diff.files if c.path.endswith("edit.txt"))
+    assert (edit.old_size, edit.size) == (4, 8)
+    assert [(p.change, p.pid, p.command) for p in diff.processes] == [
+        ("gone", 40, "python3 -m http.server 8000"),
+        ("started", 41, "sleep 9"),
+    ]
+    assert [(p.change, p.port, p.pid, p.command) for p in diff.ports] == [
+        ("closed", 8000, 40, "python3 -m http.server 8000")
+    ]
+    assert not any("skipped/" in c.path for c in diff.files)
+    assert to_json_data(diff)["files"][0]["path"].startswith(str(root))
+    assert {c.path for c in patch_candidates(diff)} >= {edit.path}
+
+
+def test_scan_result_crosses_the_protocol_and_the_cache(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a").write_text("a")
+    result = _scan(tmp_path / "t", [ProcessInfo(1, 0, "init")], [ListeningSocket("::", 22, 0)])
+    assert from_wire(ScanResult, to_wire(result)) == result
+    cache = ScanCache(tmp_path / "scans")
+    assert cache.get("c-0000000001", ["/"], ("/proc",)) is None
+    cache.put("c-0000000001", ["/"], ("/proc",), result)
+    assert cache.get("c-0000000001", ["/"], ("/proc",)) == result
+    assert cache.get("c-0000000001", ["/"], ()) is None  # another walk: not the same scan
+    cache.forget("c-0000000001")
+    assert cache.get("c-0000000001", ["/"], ("/proc",)) is None
+    with pytest.raises(ValueError):
+        ScanArgs(roots=["relative"])
+
+
+def test_exclusions_and_patches() -> None:
+    assert "/tmp" in exclusions(False) and "/tmp" not in exclusions(True)
+    assert set(DEFAULT_DIFF_EXCLUDE) - {"/tmp"} <= set(exclusions(True, ("/var/cache/",)))
+    assert "/var/cache" in exclusions(False, ("/var/cache/",))
+    patch = unified_patch("/etc/x", b"a\nb\n", b"a\nc\n")
+    assert patch is not None and "-b\n+c\n" in patch and patch.startswith("--- a/etc/x")
+    assert unified_patch("/x", None, b"new") == (
+        "--- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+new\n\\ No newline at end of file\n"
+    )
+    assert unified_patch("/bin/x", b"\0ELF", b"\0ELF2") is None
+
+
+def test_listening_address_decoding() -> None:
+    assert guest_scan._address("0100007F") == "127.0.0.1"
+    assert guest_scan._address("00000000000000000000000000000000") == "::"
+    assert guest_scan._address("0000000000000000FFFF00000100007F") == "::ffff:127.0.0.1"
+
+
+def test_history_rows_follow_their_checkpoint(tmp_path: Path) -> None:
+    home = Home(tmp_path / "home").ensure()
+    with Store.open(home) as store:
+        history = HistoryStore(store)
+        assert history.keep("s-0000000001") is None
+        with pytest.raises(sqlite3.IntegrityError):
+            history.add(StepRecord("c-0000000009", "s-0000000001", "true", automatic=True))
+        assert history.steps("s-0000000001") == {}
+
+
+def test_cli_diff_of_two_images_is_still_a_pixel_diff(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from forkpoint.cli.app import _register_all, app
+
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    Image.new("RGB", (4, 4), "white").save(a)
+    Image.new("RGB", (4, 4), "black").save(b)
+    _register_all()
+    result = CliRunner().invoke(app, ["diff", str(a), str(b), "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"differing_pixels": 16' in result.output
