@@ -62,6 +62,13 @@ async def get(rt: Runtime, session: str, timeout: float = 120) -> bytes:
             await asyncio.sleep(0.3)
 
 
+async def remove_checkpoints(rt: Runtime, session_id: str) -> None:
+    """The session's checkpoints (they outlive it), newest first: later ones may depend
+    on earlier ones."""
+    for checkpoint in reversed(rt.store.list_checkpoints(session_id=session_id)):
+        await rt.remove_checkpoint(checkpoint.id)
+
+
 def test_five_steps_diff_preview_undo_and_history() -> None:
     async def main() -> None:
         rt = Runtime.open()
@@ -123,8 +130,43 @@ def test_five_steps_diff_preview_undo_and_history() -> None:
                 await sb.undo(steps=9)
         finally:
             await sb.kill()
-            for checkpoint in rt.store.list_checkpoints(session_id=sb.id):
-                await rt.remove_checkpoint(checkpoint.id)
+            await remove_checkpoints(rt, sb.id)
+            rt.close()
+
+    asyncio.run(main())
+
+
+def test_retention_keeps_the_last_k_and_what_forks_use() -> None:
+    async def main() -> None:
+        rt = Runtime.open()
+        session = await rt.create(history=True, history_keep=2)
+        forks: list[str] = []
+        try:
+            await rt.exec(session.id, "echo 1 > /root/one")
+            first = rt.history(session.id)[0]
+            fork = (await rt.fork(first.checkpoint))[0]
+            assert not isinstance(fork, Exception)
+            forks.append(fork.id)
+            for n in range(2, 5):
+                await rt.exec(session.id, f"echo {n} > /root/n")
+            steps = rt.history(session.id)
+            # The last two automatic checkpoints, plus the first: a fork runs from it.
+            assert [s.label for s in steps] == [
+                "echo 1 > /root/one", "echo 3 > /root/n", "echo 4 > /root/n"
+            ]  # fmt: skip
+            assert steps[0].forks == (fork.id,) and steps[1].forks == ()
+            kept = {c.id for c in rt.store.list_checkpoints(session_id=session.id)}
+            assert kept == {s.checkpoint for s in steps}  # the others are deleted
+            assert all(rt.checkpoint_files(c).dir.is_dir() for c in kept)
+            # A named checkpoint is listed too, and is not a step to undo.
+            named = await rt.checkpoint(session.id, name=f"named-{session.id}")
+            assert rt.history(session.id)[-1].label == f"checkpoint {named.name}"
+            await rt.undo(session.id)
+            assert (await rt.exec(session.id, "cat /root/n")).stdout == "3\n"
+        finally:
+            for sid in (*forks, session.id):
+                await rt.remove(sid)
+            await remove_checkpoints(rt, session.id)
             rt.close()
 
     asyncio.run(main())
