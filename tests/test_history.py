@@ -160,3 +160,56 @@ def test_cli_diff_of_two_images_is_still_a_pixel_diff(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["diff", str(a), str(b), "--json"])
     assert result.exit_code == 0, result.output
     assert '"differing_pixels": 16' in result.output
+
+
+def test_rest_routes_validate_and_report_errors(tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from forkpoint.runtime import Runtime
+    from forkpoint.server import create_app
+
+    async def scenario() -> None:
+        rt = Runtime.open(Home(tmp_path / "home"))
+        try:
+            transport = httpx.ASGITransport(app=create_app(rt))
+            async with httpx.AsyncClient(transport=transport, base_url="http://fp") as api:
+                missing = await api.post("/v1/diff", json={"a": "nope"})
+                assert missing.status_code == 404
+                assert missing.json()["error"]["code"] == "not_found"
+                history = await api.get("/v1/sessions/s-0000000000/history")
+                assert history.status_code == 404
+                undo = await api.post("/v1/sessions/s-0000000000/undo", json={"steps": 0})
+                assert undo.status_code == 422
+                preview = await api.post("/v1/sessions/s-0000000000/rollback/preview", json={})
+                assert preview.status_code == 404
+                spec = (await api.get("/v1/openapi.json")).json()
+                assert {"StateDiff", "HistoryStep", "FileChange"} <= set(
+                    spec["components"]["schemas"]
+                )
+                assert (
+                    "history" in spec["components"]["schemas"]["CreateSessionRequest"]["properties"]
+                )
+        finally:
+            rt.close()
+
+    asyncio.run(scenario())
+
+
+def test_cli_errors_are_one_line_with_their_exit_codes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FORKPOINT_HOME": str(tmp_path / "home")}
+    exe = str(Path(sys.executable).with_name("forkpoint"))
+    for args, code in (
+        (["history", "nope"], 3),
+        (["undo", "nope"], 3),
+        (["diff", "nope"], 3),
+        (["rollback", "nope", "--dry-run"], 3),
+        (["undo", "nope", "--steps", "0"], 2),
+    ):
+        done = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == code, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
