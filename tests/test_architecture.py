@@ -37,7 +37,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
     "sdk": {"models", "runtime", "server", "protocol", "errors", "config"},
-    "server": {"models", "requests", "runtime", "protocol", "errors", "config"},
+    # browser: the web page's screenshot thumbnails (server/ui.py), imported when asked
+    "server": {"models", "requests", "runtime", "protocol", "errors", "config", "browser"},
     # the E2B gateway: like server, plus its own table in the store (store/e2b.py)
     "e2b": {"models", "requests", "runtime", "store", "errors", "config"},
     "mcp": {"models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors", "config"},

@@ -28,6 +28,7 @@ def _register_all() -> None:
         images,
         serve,
         sessions,
+        ui,
     )
 
     images.register(app)
@@ -40,6 +41,7 @@ def _register_all() -> None:
     bench.register(app)
     serve.register(app)
     e2b.register(app)
+    ui.register(app)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -102,9 +103,12 @@ def serve_command(
                 markup=False,
                 highlight=False,
             )
+            login = secrets.token_urlsafe(24)  # the web page's one-time login
             sys.stdout.write(f"token: {token}\n")  # printed once; also in the token file
+            sys.stdout.write(f"page: http://{host}:{bound}/ui/login?token={login}\n")
             sys.stdout.flush()
-            serve_on(create_app(runtime, token=token), sock, log_level=log_level)
+            app = create_app(runtime, token=token, login_token=login)
+            serve_on(app, sock, log_level=log_level)
     finally:
         runtime.close()
 

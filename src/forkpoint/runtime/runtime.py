@@ -501,6 +501,20 @@ class Runtime(Queries):
 
         return history_of(self, session)
 
+    def step_labels(self) -> dict[str, str]:
+        """Checkpoint id → step label, for every history step not undone (blocking)."""
+        from forkpoint.store.history import HistoryStore
+
+        return HistoryStore(self.store).labels()
+
+    def disk_bytes(self, session: str) -> int:
+        """Disk the session's own writable layer takes (allocated bytes; blocking)."""
+        record = self.store.get_session(session)
+        try:
+            return (self.home.layers / record.disk_layer).stat().st_blocks * 512
+        except OSError:
+            return 0
+
     async def undo(self, session: str, steps: int = 1) -> Session:
         """Roll back to before the last ``steps`` steps, processes included.
         :raises Conflict: no history, or fewer steps than that."""

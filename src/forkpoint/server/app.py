@@ -54,6 +54,7 @@ from forkpoint.requests import (
 from forkpoint.runtime import Runtime
 
 from .middleware import BearerAuth, BodyLimit, BodyTooLarge
+from .ui import UiLogin, ui_router
 
 __all__ = ["DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_UPLOAD_BYTES", "create_app"]
 
@@ -97,9 +98,11 @@ def create_app(
     token: str | None = None,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    login_token: str | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``runtime``. With ``token``, every request but ``/v1/health``
-    needs ``Authorization: Bearer <token>``. Body caps in bytes."""
+    needs ``Authorization: Bearer <token>``. Body caps in bytes. ``login_token``: the
+    one-time token of the web page's login URL (``/ui/login?token=``; see ``ui.py``)."""
     app = FastAPI(
         title="forkpoint",
         version=__version__,
@@ -130,6 +133,7 @@ def create_app(
         return _error(500, "internal", f"internal error: {type(error).__name__}: {error}")
 
     app.include_router(_router(runtime, max_upload_bytes))
+    app.include_router(ui_router(runtime))
 
     def limit_for(scope: Scope) -> int:
         is_upload = scope.get("method") == "PUT" and str(scope.get("path", "")).endswith("/files")
@@ -139,6 +143,8 @@ def create_app(
     app.add_middleware(BodyLimit, limit_for=limit_for)
     if token is not None:
         app.add_middleware(BearerAuth, token=token, open_paths=_OPEN_PATHS)
+        if login_token is not None:
+            app.add_middleware(UiLogin, api_token=token, login_token=login_token)
     return app
 
 

@@ -60,6 +60,14 @@ class HistoryStore:
                 [(c,) for c in checkpoint_ids],
             )
 
+    def labels(self) -> dict[str, str]:
+        """checkpoint id → label of every step not undone, of every session."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT checkpoint_id, label FROM history_steps WHERE undone = 0"
+            ).fetchall()
+        return {r["checkpoint_id"]: r["label"] for r in rows}
+
     def steps(self, session_id: str) -> dict[str, StepRecord]:
         """The session's labelled checkpoints, by checkpoint id."""
         with self.store.transaction() as conn:
