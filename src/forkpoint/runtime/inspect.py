@@ -103,8 +103,11 @@ class _Side:
     async def close(self) -> None:
         if self._fork is not None:
             fork, self._fork = self._fork, None
-            with contextlib.suppress(NotFound):
-                await self.runtime.remove(fork)
+            try:
+                with contextlib.suppress(NotFound):
+                    await self.runtime.remove(fork)
+            finally:
+                self.runtime.scratch_sessions.discard(fork)
 
 
 async def _scratch_fork(runtime: Runtime, checkpoint_id: str) -> str:
@@ -117,6 +120,7 @@ async def _scratch_fork(runtime: Runtime, checkpoint_id: str) -> str:
     session = await runtime._start_session(
         record, image, shape, name=None, guest_ports=(), network=Network.NONE
     )
+    runtime.scratch_sessions.add(session.id)
     return session.id
 
 

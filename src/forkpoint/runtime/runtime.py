@@ -93,6 +93,8 @@ class Runtime(Queries):
         self._checkpoints = Checkpointer(self.home, store)
         self._templates = Templates(self.home, store, self._checkpoints)
         self._ports = HostPorts(self.home, store)
+        #: Sessions this process forked only to look at a checkpoint (diffs); gone soon.
+        self.scratch_sessions: set[str] = set()
         self._agents = AgentPool(
             lambda session_id: global_lock_async(
                 self.home, f"agent-{session_id}", timeout_s=_AGENT_LOCK_TIMEOUT_S

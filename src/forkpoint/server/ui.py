@@ -70,6 +70,8 @@ def ui_router(runtime: Runtime) -> APIRouter:
 def _state(runtime: Runtime) -> dict[str, Any]:
     sessions = []
     for session in runtime.list_sessions():
+        if session.id in runtime.scratch_sessions:
+            continue  # a fork made to compute a diff, removed in a moment
         data = to_json_data(session)
         data["disk_bytes"] = runtime.disk_bytes(session.id)
         sessions.append(data)

@@ -165,7 +165,7 @@ function renderSessions() {
     el("td", {}, s.memory_mib + " MiB"),
     el("td", {}, size(s.disk_bytes)),
     el("td", {}, ...s.ports.map((p) => el("a", {href: p.url, target: "_blank", rel: "noopener"},
-      p.guest_port + "→" + p.host_port + " ")))));
+      p.guest_port + "→" + p.host_port + " "))))));
 }
 
 function render() {
