@@ -213,3 +213,45 @@ def test_cli_errors_are_one_line_with_their_exit_codes(tmp_path: Path) -> None:
         done = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == code, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_page_login_works_once_and_guards_writes(tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from forkpoint.runtime import Runtime
+    from forkpoint.server import create_app
+
+    async def scenario() -> None:
+        rt = Runtime.open(Home(tmp_path / "home"))
+        try:
+            app = create_app(rt, token="api-token", login_token="once")
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://fp") as browser:
+                assert (await browser.get("/ui")).status_code == 401
+                assert (
+                    await browser.get("/ui/login", params={"token": "wrong"})
+                ).status_code == 401
+                login = await browser.get("/ui/login", params={"token": "once"})
+                assert login.status_code == 303 and login.headers["location"] == "/ui"
+                assert "HttpOnly" in login.headers["set-cookie"]
+                page = await browser.get("/ui")
+                assert page.status_code == 200 and '<h2 id="tree-h">Lineage</h2>' in page.text
+                state = (await browser.get("/ui/state")).json()
+                assert state == {"sessions": [], "checkpoints": [], "steps": {}}
+                # A write with the cookie needs the page's header (no cross-site forms).
+                assert (await browser.post("/v1/diff", json={"a": "x"})).status_code == 403
+                headers = {"X-Forkpoint-UI": "1"}
+                found = await browser.post("/v1/diff", json={"a": "x"}, headers=headers)
+                assert found.status_code == 404
+            async with httpx.AsyncClient(transport=transport, base_url="http://fp") as other:
+                again = await other.get("/ui/login", params={"token": "once"})
+                assert again.status_code == 401  # used up
+                assert (await other.get("/v1/sessions")).status_code == 401
+                bearer = {"Authorization": "Bearer api-token"}
+                assert (await other.get("/v1/sessions", headers=bearer)).status_code == 200
+        finally:
+            rt.close()
+
+    asyncio.run(scenario())
