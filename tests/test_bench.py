@@ -177,3 +177,26 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     # The one-minute promise, held on a quiet host (a loaded one slows TCG guests).
     if quiet_host:
         assert wall < 60, f"quick bench took {wall:.0f} s"
+
+
+def test_history_section() -> None:
+    def s(p50: float, n: int = 3) -> dict[str, Any]:
+        return {"p50_ms": p50, "p95_ms": p50 * 1.5, "n": n}
+
+    base = _synthetic()
+    history = {
+        "diff_10k_cold": s(3400.0), "diff_10k_warm": s(1400.0, 6), "entries": 18110,
+        "exec_plain": s(68.0), "exec_history": s(189.0), "step_ms": 121.0,
+        "step_bytes": 134_644_298, "diff_target_ms": 3000.0,
+    }  # fmt: skip
+    result = build_result(
+        ops=base["ops"], ready=base["ready"], baselines=base["baselines"],
+        memory={"fork20_total_mib": 2048.4, "method": "pss"}, scaling=base["scaling"],
+        host=base["host"], fork20_serving=20, history=history,
+    )  # fmt: skip
+    assert result["history"]["meets_target"] is True
+    text = render_markdown(result)
+    assert "## History" in text and "18,110 paths" in text
+    assert "| diff, warm (target ≤ 3000 ms ✅) | 1400 ms | 2100 ms | 6 |" in text
+    assert "128 MiB of disk" in text
+    assert "## History" not in render_markdown(base)
