@@ -24,7 +24,7 @@ from typing import IO
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
-from forkpoint.errors import Conflict, ForkpointError, InternalError, NotFound
+from forkpoint.errors import Conflict, ForkpointError, InternalError, LimitExceeded, NotFound
 from forkpoint.images import Image, get_image
 from forkpoint.models import (
     BackgroundProcess,
@@ -58,6 +58,7 @@ from . import processes
 from .agents import AgentPool
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .limits import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
 from .lineage import lineage, rollback_target
 from .machines import (
     AGENT_READY_TIMEOUT_S,
@@ -165,6 +166,7 @@ class Runtime(Queries):
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
             ports=tuple(ports), network=network,
         )  # fmt: skip
+        await asyncio.to_thread(self._require_room, 1)
         img, shape = await asyncio.to_thread(
             self._machine, request.image, request.memory_mib, request.cpus
         )
@@ -173,6 +175,24 @@ class Runtime(Queries):
             template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network,
         )  # fmt: skip
+
+    def _require_room(self, sessions: int) -> None:
+        """Refuse to start ``sessions`` more when the disk reserve or the session count
+        would be crossed (before anything is made; the store re-checks the count when it
+        inserts each one, so racing creates cannot both pass).
+
+        :raises LimitExceeded:
+        """
+        what = "a new session" if sessions == 1 else f"{sessions} new sessions"
+        require_space(self.home, sessions * SESSION_BYTES, what)
+        most = host_limits().max_sessions
+        # Queries.list_sessions notices dead VMs first: a crashed session does not count.
+        active = sum(s.state == SessionState.RUNNING for s in self.list_sessions())
+        if active + sessions > most:
+            raise LimitExceeded(
+                f"{what} would make {active + sessions} running sessions, more than "
+                f"FORKPOINT_MAX_SESSIONS={most}: remove or stop some first"
+            )
 
     async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
         """Make sure the image's template exists (booting it once if needed); returns ms.
@@ -206,6 +226,7 @@ class Runtime(Queries):
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
                 parent_checkpoint=checkpoint.id,
             ),
+            max_active=host_limits().max_sessions,
         )  # fmt: skip
         try:
             async with session_lock_async(self.home, record.id):
@@ -286,6 +307,9 @@ class Runtime(Queries):
             raise Conflict(f"checkpoint name {name!r} is already taken")
         async with session_lock_async(self.home, record.id):
             record = await asyncio.to_thread(self._require_running, record.id)
+            await asyncio.to_thread(
+                require_space, self.home, checkpoint_bytes(record.memory_mib), "a checkpoint"
+            )
             image, shape = await asyncio.to_thread(
                 self._machine, record.image_hash, record.memory_mib, record.cpus
             )
@@ -353,6 +377,7 @@ class Runtime(Queries):
 
         parse(ForkRequest, count=count)
         record, source = await asyncio.to_thread(self._fork_source, checkpoint)
+        await asyncio.to_thread(self._require_room, count)
         manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
         image, shape = await asyncio.to_thread(
             self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus

@@ -21,7 +21,14 @@ from types import TracebackType
 from typing import Final
 
 from forkpoint.config import Home
-from forkpoint.errors import Conflict, InternalError, InUse, InvalidInput, NotFound
+from forkpoint.errors import (
+    Conflict,
+    InternalError,
+    InUse,
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+)
 from forkpoint.models import JAIL_UID_BASE, JAIL_UIDS
 from forkpoint.polling import poll_until_sync
 from forkpoint.store._rows import (
@@ -193,10 +200,17 @@ class Store:
 
     # --- sessions ----------------------------------------------------------------------
 
-    def insert_session(self, record: SessionRecord) -> SessionRecord:
+    def insert_session(
+        self, record: SessionRecord, *, max_active: int | None = None
+    ) -> SessionRecord:
         """Store a new session and its ports; return it as stored.
 
+        ``max_active``: refuse when that many sessions are already creating or running —
+        counted in the same write transaction as the insert, so two racing creates
+        cannot both pass.
+
         Raises:
+            LimitExceeded: ``max_active`` sessions are active already.
             Conflict: the id or name is taken, or a host port is allocated.
             NotFound: ``disk_layer`` or ``parent_checkpoint`` is unknown.
             InvalidInput: a malformed field.
@@ -204,6 +218,8 @@ class Store:
         validate_name(record.name, "session")
         with self.transaction() as conn:
             require_absent(conn, "sessions", "id", record.id, f"session id {record.id}")
+            if max_active is not None:
+                require_below(conn, max_active)
             if record.name is not None:
                 require_name_free(conn, "sessions", "session", record.name)
             require_layer(conn, record.disk_layer)
@@ -658,6 +674,19 @@ class Store:
 
 
 # --- helpers -----------------------------------------------------------------------------
+
+
+def require_below(conn: sqlite3.Connection, max_active: int) -> None:
+    """:raises LimitExceeded: ``max_active`` sessions are creating or running."""
+    (active,) = conn.execute(
+        "SELECT COUNT(*) FROM sessions WHERE state IN (?, ?)",
+        (SessionState.CREATING.value, SessionState.RUNNING.value),
+    ).fetchone()
+    if active >= max_active:
+        raise LimitExceeded(
+            f"{active} sessions are running, the most allowed (FORKPOINT_MAX_SESSIONS="
+            f"{max_active}): remove or stop one first"
+        )
 
 
 def _free_uid(conn: sqlite3.Connection) -> int:
