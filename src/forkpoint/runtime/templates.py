@@ -65,7 +65,9 @@ class Templates:
         await asyncio.to_thread(self.store.insert_layer, base)
         machine = await Machine.start(
             qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base,
-            jail=SESSIONLESS,
+            # Our own image, bounded by the boot timeout: its console stays a file, so a
+            # boot that panics leaves it to read (a session's is a capped ring).
+            jail=SESSIONLESS, console_file=True,
         )  # fmt: skip
         try:
             async with await AgentClient.connect(

@@ -19,6 +19,7 @@ from forkpoint.errors import QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
+from forkpoint.vm.console import drain_console
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
@@ -72,10 +73,12 @@ class Machine:
         ram: Path | None = None,
         network: bool,
         incoming: bool,
+        console_file: bool = False,
     ) -> Machine:
         """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
         ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
         ``jail``: the uid QEMU runs as once set up (see :mod:`~forkpoint.vm.jail`).
+        ``console_file``: see :func:`~forkpoint.vm.argv.build_argv`.
 
         With ``network`` the caller connects the network backend (passt) before the VM
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
@@ -90,7 +93,7 @@ class Machine:
         with disk_fds(disk) as fds:
             argv = build_argv(
                 build, shape, boot, files, (disk, fds), ram, jail,
-                network=network, incoming=incoming,
+                network=network, incoming=incoming, console_file=console_file,
             )  # fmt: skip
             pid = spawn_detached(argv, files.qemu_log, fds)
         try:
@@ -148,12 +151,14 @@ class Machine:
         ram: Path | None = None,
         state: Path | None = None,
         jail: Jail,
+        console_file: bool = False,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
             build, shape, boot, files, disk,
             jail=jail, ram=ram, network=False, incoming=state is not None,
+            console_file=console_file,
         )  # fmt: skip
         if state is not None:
             await machine.restore(state)
@@ -221,6 +226,16 @@ class Machine:
         """QEMU's run state now."""
         result = await self._qmp.run("query-status")
         return RunState(result["status"])
+
+    async def drain_console(self) -> None:
+        """Move the console's ring into ``serial.log`` (capped; see :mod:`.console`)."""
+        await drain_console(self._qmp, self.files)
+
+    async def log_tail(self) -> str:
+        """The tail of QEMU's log and of the console, its ring drained first."""
+        with contextlib.suppress(QemuError, OSError):
+            await self.drain_console()
+        return self.files.log_tail()
 
     @property
     def describe(self) -> str:
@@ -305,7 +320,7 @@ class Machine:
                 "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
             ) from error
         except QemuError as error:
-            raise QemuError(error.message, log_tail=self.files.log_tail()) from error
+            raise QemuError(error.message, log_tail=await self.log_tail()) from error
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")
@@ -351,7 +366,7 @@ class Machine:
         try:
             await self._migrate_to(dest)
         except QemuError as error:
-            raise QemuError(error.message, log_tail=self.files.log_tail()) from error
+            raise QemuError(error.message, log_tail=await self.log_tail()) from error
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")

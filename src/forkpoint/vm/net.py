@@ -30,6 +30,7 @@ from pathlib import Path
 from forkpoint.errors import QemuError
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
+from forkpoint.vm.logcap import PASST_LOG_BYTES
 from forkpoint.vm.process import exit_status, kill_and_wait, spawn_detached
 
 __all__ = [
@@ -106,7 +107,7 @@ def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]], jail: Jail)
             "--no-map-gw", "--ipv4-only",
             "--address", GUEST_ADDRESS, "--netmask", "24", "--gateway", GATEWAY,
             "--dns", DNS, "--dns-forward", DNS, "--no-dhcp-search",
-            "--log-file", str(passt_log(files)),
+            "--log-file", str(passt_log(files)), "--log-size", str(PASST_LOG_BYTES),
             *jail.passt_args(),
         ]  # fmt: skip
         for host, guest in sorted(forwards):
