@@ -19,6 +19,7 @@ from forkpoint.models import (
     MAX_FORKS,
     MAX_MEMORY_MIB,
     MAX_PORTS,
+    MAX_TIMEOUT_S,
     MIN_MEMORY_MIB,
     NAME_PATTERN,
     Network,
@@ -38,6 +39,8 @@ __all__ = [
     "PortRequest",
     "Ref",
     "RollbackRequest",
+    "TimeoutRequest",
+    "TimeoutS",
     "describe_invalid",
     "parse",
 ]
@@ -47,6 +50,10 @@ MemoryMiB = Annotated[
     int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB.")
 ]
 Cpus = Annotated[int, Field(ge=1, le=MAX_CPUS, description="Virtual CPUs.")]
+TimeoutS = Annotated[
+    float,
+    Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
+]
 ForkCount = Annotated[int, Field(ge=1, le=MAX_FORKS, description="Sessions to start.")]
 Name = Annotated[
     str,
@@ -70,6 +77,13 @@ class CreateSessionRequest(_Request):
     name: Name | None = None
     ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
     network: Network = Network.USER
+    timeout_s: TimeoutS | None = None
+
+
+class TimeoutRequest(_Request):
+    """A session's new lifetime, from now; None: it never expires."""
+
+    timeout_s: TimeoutS | None
 
 
 class ExecRequest(_Request):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from forkpoint.cli._run import (
     Timer,
+    format_bytes,
     format_ms,
     print_ports,
     print_session,
@@ -35,6 +37,8 @@ def register(app: typer.Typer) -> None:
     app.command("show")(show_command)
     app.command("rm")(rm_command)
     app.command("port")(port_command)
+    app.command("timeout")(timeout_command)
+    app.command("console")(console_command)
 
 
 @reports_errors
@@ -52,6 +56,10 @@ def create_command(
     network: Annotated[
         str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
     ] = "user",
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Remove the session after this many seconds."),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create a session (a running microVM) from an image.
@@ -63,7 +71,7 @@ def create_command(
     async def op(runtime: Runtime) -> Session:
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
-            network=network,
+            network=network, timeout_s=timeout,
         )  # fmt: skip
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:
@@ -89,8 +97,8 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
         console.print("no sessions: create one with [bold]forkpoint create[/]")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "IMAGE", "STATE", "CREATED", "FROM"):
-        table.add_column(column, no_wrap=True)
+    for column in ("ID", "NAME", "IMAGE", "STATE", "CREATED", "FROM", "DISK", "EXPIRES"):
+        table.add_column(column, no_wrap=True, justify="right" if column == "DISK" else "left")
     table.add_column("PORTS")
     for s in sessions:
         table.add_row(
@@ -100,6 +108,8 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
             _state(s.state),
             short_time(s.created_at),
             s.parent_checkpoint or "",
+            format_bytes(s.disk_bytes),
+            short_time(s.expires_at) if s.expires_at else "",
             ", ".join(f"{p.guest_port}→{p.url}" for p in s.ports),
         )
     print_table(table)
@@ -124,6 +134,8 @@ def show_command(
         ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
+        ("disk", f"{format_bytes(s.disk_bytes)} used on the host"),
+        ("expires", _expiry(s.expires_at) or "never"),
     ]
     for key, value in rows:
         console.print(f"[bold]{key:<8}[/] {value}", highlight=False)
@@ -173,3 +185,50 @@ def port_command(
         emit_json(info)
         return
     console.print(f"port {info.guest_port} → {info.url}", highlight=False)
+
+
+@reports_errors
+def timeout_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    seconds: Annotated[
+        float, typer.Argument(help="Remove it this many seconds from now; 0: never.")
+    ],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Set a session's lifetime, from now: past it, the session is removed (its
+    checkpoints stay). `forkpoint serve` and every CLI call enforce it."""
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.set_timeout(session, seconds or None)
+
+    s = run(op)
+    if as_json:
+        emit_json(s)
+        return
+    when = f"expires {_expiry(s.expires_at)}" if s.expires_at else "never expires"
+    console.print(f"[cyan]{s.id}[/] {when}", highlight=False)
+
+
+def _expiry(expires_at: str | None) -> str:
+    return f"{expires_at} ({short_time(expires_at)} local)" if expires_at else ""
+
+
+@reports_errors
+def console_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    max_bytes: Annotated[
+        int, typer.Option("--bytes", help="Show at most this many of the latest bytes.")
+    ] = 64 << 10,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Print the guest's serial console (its latest output; the host keeps at most 1 MiB)."""
+
+    async def op(runtime: Runtime) -> str:
+        return await runtime.console(session, max_bytes)
+
+    text = run(op)
+    if as_json:
+        emit_json({"console": text})
+        return
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -66,6 +66,7 @@ __all__ = [
     "MAX_FORKS",
     "MAX_MEMORY_MIB",
     "MAX_PORTS",
+    "MAX_TIMEOUT_S",
     "MIN_MEMORY_MIB",
     "NAME_PATTERN",
     "BackgroundProcess",
@@ -95,6 +96,7 @@ MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
 MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
+MAX_TIMEOUT_S = 30 * 24 * 3600  # a session's lifetime (create --timeout)
 # Each session's QEMU and passt run as a uid of their own: JAIL_UID_BASE + 1 .. + JAIL_UIDS - 1
 # (JAIL_UID_BASE itself is for VMs without a session, e.g. image builds). Far above the
 # ranges Debian gives users and /etc/subuid, so no real account shares one.
@@ -153,7 +155,9 @@ class Port:
 class Session:
     """One session (one microVM). ``id`` is stable across rollbacks; ``created_at`` is
     ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
-    it was last restored from."""
+    it was last restored from. ``expires_at`` (ISO-8601 UTC, None: never): when it is
+    removed (``create --timeout``). ``disk_bytes``: host disk its own files use now (its
+    top disk layer, logs; not the layers and checkpoints it shares)."""
 
     id: str
     name: str | None
@@ -165,6 +169,8 @@ class Session:
     cpus: int
     network: Network
     ports: tuple[Port, ...] = ()
+    expires_at: str | None = None
+    disk_bytes: int = 0
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""
@@ -174,7 +180,9 @@ class Session:
 @dataclass(frozen=True)
 class Checkpoint:
     """An immutable checkpoint: memory, device state and disk of a session at one moment.
-    ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward."""
+    ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward.
+    ``size_bytes``: its RAM and device state; ``disk_bytes``: host disk it uses now (those
+    files plus the disk layer it froze)."""
 
     id: str
     session_id: str
@@ -187,6 +195,7 @@ class Checkpoint:
     duration_ms: float
     pause_ms: float
     guest_ports: tuple[int, ...] = ()
+    disk_bytes: int = 0
 
 
 def to_json_data(value: Any) -> Any:

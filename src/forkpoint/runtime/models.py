@@ -8,7 +8,7 @@ from forkpoint.store import CheckpointRecord, SessionRecord
 __all__ = ["checkpoint_of", "session_of"]
 
 
-def session_of(record: SessionRecord) -> Session:
+def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
     return Session(
         id=record.id,
         name=record.name,
@@ -20,10 +20,12 @@ def session_of(record: SessionRecord) -> Session:
         memory_mib=record.memory_mib,
         cpus=record.cpus,
         network=record.network,
+        expires_at=record.expires_at,
+        disk_bytes=disk_bytes,
     )
 
 
-def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
+def checkpoint_of(record: CheckpointRecord, disk_bytes: int = 0) -> Checkpoint:
     from .manifest import Manifest  # here: `forkpoint ls` never reads a manifest
 
     manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
@@ -39,4 +41,5 @@ def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
         duration_ms=round(manifest.duration_ms, 1),
         pause_ms=round(manifest.stats.pause_ms, 1),
         guest_ports=manifest.ports,
+        disk_bytes=disk_bytes,
     )

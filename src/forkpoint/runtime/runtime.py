@@ -57,7 +57,7 @@ from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_bu
 from . import processes
 from .agents import AgentPool
 from .checkpoints import Checkpointer, CheckpointOrigin
-from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .cleanup import collect_layers, destroy_session, kill_session_processes
 from .limits import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
 from .lineage import lineage, rollback_target
 from .machines import (
@@ -71,10 +71,10 @@ from .machines import (
     start_restored,
 )
 from .manifest import CheckpointFiles, Manifest
-from .models import checkpoint_of, session_of
 from .ports import HostPorts
 from .queries import Queries
 from .templates import Templates
+from .upkeep import expires_after
 
 __all__ = ["Runtime"]
 
@@ -155,16 +155,19 @@ class Runtime(Queries):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        timeout_s: float | None = None,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
+        ``timeout_s``: it is removed that long from now (see :meth:`set_timeout`).
 
-        :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
+        :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image;
+        :raises LimitExceeded: the disk reserve or the session count would be crossed.
         """
         from forkpoint.requests import CreateSessionRequest, parse  # pydantic: only when used
 
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
-            ports=tuple(ports), network=network,
+            ports=tuple(ports), network=network, timeout_s=timeout_s,
         )  # fmt: skip
         await asyncio.to_thread(self._require_room, 1)
         img, shape = await asyncio.to_thread(
@@ -173,7 +176,7 @@ class Runtime(Queries):
         template = await self._templates.get(img, shape)
         return await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
-            network=request.network,
+            network=request.network, expires_at=expires_after(request.timeout_s),
         )  # fmt: skip
 
     def _require_room(self, sessions: int) -> None:
@@ -215,6 +218,7 @@ class Runtime(Queries):
         guest_ports: Sequence[int],
         network: Network,
         loaded: Callable[[], Awaitable[None]] | None = None,
+        expires_at: str | None = None,
     ) -> Session:
         await asyncio.to_thread(self._manifest, checkpoint.id, shape)
         # The session row needs a layer row to point at; the checkpoint's own frozen
@@ -224,7 +228,7 @@ class Runtime(Queries):
             SessionRecord.new(
                 image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
-                parent_checkpoint=checkpoint.id,
+                parent_checkpoint=checkpoint.id, expires_at=expires_at,
             ),
             max_active=host_limits().max_sessions,
         )  # fmt: skip
@@ -247,7 +251,7 @@ class Runtime(Queries):
         except BaseException:
             await self._destroy(record)
             raise
-        return session_of(record)
+        return await asyncio.to_thread(self.session_of, record)
 
     def _record_running(
         self,
@@ -268,6 +272,46 @@ class Runtime(Queries):
                 parent_checkpoint=parent_checkpoint,
             )  # fmt: skip
 
+    # -- lifetime ----------------------------------------------------------------------
+
+    async def set_timeout(self, session: str, timeout_s: float | None) -> Session:
+        """Remove the session ``timeout_s`` seconds from now (None: never). Every CLI call
+        and ``forkpoint serve``'s reaper remove sessions past it (see ``upkeep``).
+
+        :raises NotFound: :raises InvalidInput: a lifetime out of range.
+        """
+        from forkpoint.requests import TimeoutRequest, parse
+
+        request = parse(TimeoutRequest, timeout_s=timeout_s)
+        record = await asyncio.to_thread(self.store.get_session, session)
+        async with session_lock_async(self.home, record.id):
+            record = await asyncio.to_thread(
+                self.store.update_session, record.id,
+                expires_at=expires_after(request.timeout_s),
+            )  # fmt: skip
+        return await asyncio.to_thread(self.session_of, record)
+
+    # -- console -----------------------------------------------------------------------
+
+    async def console(self, session: str, max_bytes: int = 64 << 10) -> str:
+        """The serial console's latest output (at most ``max_bytes``). A running VM's
+        console is a ring inside QEMU: it is drained into ``serial.log`` (capped) first.
+        :raises NotFound:"""
+        from forkpoint.vm.console import read_tail
+
+        record = await asyncio.to_thread(self.store.get_session, session)
+        files = self.files(record.id)
+        async with session_lock_async(self.home, record.id):
+            record = await asyncio.to_thread(self.store.get_session, record.id)
+            record = await asyncio.to_thread(self._refresh, record, locked=True)
+            if record.state == SessionState.RUNNING:
+                machine = await Machine.adopt(files, record.qemu_pid or 0)
+                try:
+                    await machine.drain_console()
+                finally:
+                    await machine.close()
+        return await asyncio.to_thread(read_tail, files, max_bytes)
+
     # -- delete ------------------------------------------------------------------------
 
     async def remove(self, session: str) -> None:
@@ -280,12 +324,7 @@ class Runtime(Queries):
         await asyncio.to_thread(self._destroy_now, record)
 
     def _destroy_now(self, record: SessionRecord) -> None:
-        files = self.files(record.id)
-        kill_session_processes(files, record)
-        with contextlib.suppress(NotFound):
-            self.store.delete_session(record.id)
-        remove_session_files(files)
-        self.gc()
+        destroy_session(self.home, self.store, self.files(record.id), record)
 
     async def stop(self, session: str) -> Session:
         """Kill the session's VM, keeping the session (``stopped``) to roll back later."""
@@ -327,7 +366,7 @@ class Runtime(Queries):
                 )
             finally:
                 await machine.close()
-            return checkpoint_of(created)
+            return await asyncio.to_thread(self.checkpoint_of, created)
 
     async def _sync_disk_layer(self, machine: Machine, record: SessionRecord) -> str:
         """The layer the VM really writes to. A forkpoint process killed between QEMU's
@@ -455,7 +494,7 @@ class Runtime(Queries):
             )  # fmt: skip
             await started.machine.close()
         await asyncio.to_thread(self.gc)
-        return session_of(record)
+        return await asyncio.to_thread(self.session_of, record)
 
     # -- ports -------------------------------------------------------------------------
 

@@ -167,18 +167,21 @@ class AsyncSandbox:
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        timeout: float | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1). :raises NotFound: no such image. :raises InvalidInput:"""
+        forward to 127.0.0.1; ``timeout``: seconds until it is removed).
+        :raises NotFound: no such image. :raises InvalidInput:
+        :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
         client = ApiClient(base_url, token, runtime)
         client.retain()  # held while creating, so a failure closes the connection
         try:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
-                network=str(network),
+                network=str(network), timeout_s=timeout,
             )  # fmt: skip
             return cls(client, info)
         finally:
@@ -243,6 +246,10 @@ class AsyncSandbox:
         latest). :raises Conflict: the checkpoint is not in this session's lineage."""
         ck = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
         self._info = await self._client.rollback(self.id, ck)
+
+    async def set_timeout(self, seconds: float | None) -> None:
+        """Remove this session ``seconds`` from now (None: never)."""
+        self._info = await self._client.set_timeout(self.id, seconds)
 
     async def kill(self) -> None:
         """Destroy the session (its VM and files) and release the connection."""
