@@ -163,7 +163,7 @@ def test_limits_refuse_with_exit_4_and_leave_nothing() -> None:
     session = _ok("create")
     try:
         checkpoint = _ok("checkpoint", session["id"])
-        sessions = _ok("ls")
+        sessions, checkpoints = _ok("ls"), _ok("checkpoints")
         before = _home_files()
         no_room = {"FORKPOINT_DISK_RESERVE": "100%"}
         for args in (
@@ -182,7 +182,7 @@ def test_limits_refuse_with_exit_4_and_leave_nothing() -> None:
             assert done.returncode == 4, done.stderr.decode()
             assert "FORKPOINT_MAX_SESSIONS=1" in done.stderr.decode()
         assert _ok("ls") == sessions
-        assert len(_ok("checkpoints")) == 1
+        assert _ok("checkpoints") == checkpoints
         assert _home_files() == before
     finally:
         _cli("rm", session["id"])
