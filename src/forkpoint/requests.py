@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
     MAX_CPUS,
+    MAX_DISK_MIB,
     MAX_FORKS,
     MAX_MEMORY_MIB,
     MAX_PORTS,
@@ -78,6 +79,7 @@ class CreateSessionRequest(_Request):
     ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
     network: Network = Network.USER
     timeout_s: TimeoutS | None = None
+    disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB)] | None = None
 
 
 class TimeoutRequest(_Request):

@@ -23,6 +23,7 @@ from forkpoint.cli._run import (
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.core import get_session, list_sessions
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
+from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
     from forkpoint.models import Port, Session
@@ -60,6 +61,10 @@ def create_command(
         float | None,
         typer.Option("--timeout", help="Remove the session after this many seconds."),
     ] = None,
+    disk: Annotated[
+        str | None,
+        typer.Option("--disk", help="Virtual disk size, e.g. 8G (default: the image's)."),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create a session (a running microVM) from an image.
@@ -71,8 +76,10 @@ def create_command(
     async def op(runtime: Runtime) -> Session:
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
-            network=network, timeout_s=timeout,
+            network=network, timeout_s=timeout, disk_mib=disk_mib,
         )  # fmt: skip
+
+    disk_mib = _mib(disk) if disk is not None else None
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:
         session = run(op)
@@ -134,7 +141,7 @@ def show_command(
         ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
-        ("disk", f"{format_bytes(s.disk_bytes)} used on the host"),
+        ("disk", f"{_virtual(s.disk_mib)}, {format_bytes(s.disk_bytes)} used on the host"),
         ("expires", _expiry(s.expires_at) or "never"),
     ]
     for key, value in rows:
@@ -207,6 +214,20 @@ def timeout_command(
         return
     when = f"expires {_expiry(s.expires_at)}" if s.expires_at else "never expires"
     console.print(f"[cyan]{s.id}[/] {when}", highlight=False)
+
+
+def _mib(size: str) -> int:
+    """``--disk`` (``8G``, ``4096M``) in MiB, rounded up. :raises InvalidInput:"""
+    from forkpoint.config import parse_size
+
+    try:
+        return -(-parse_size(size) // (1 << 20))
+    except ValueError:
+        raise InvalidInput(f"--disk must be a size like 8G or 4096M, got {size!r}") from None
+
+
+def _virtual(disk_mib: int | None) -> str:
+    return f"{disk_mib} MiB virtual" if disk_mib else "the image's size"
 
 
 def _expiry(expires_at: str | None) -> str:

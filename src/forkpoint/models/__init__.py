@@ -63,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ID_PATTERN",
     "MAX_CPUS",
+    "MAX_DISK_MIB",
     "MAX_FORKS",
     "MAX_MEMORY_MIB",
     "MAX_PORTS",
@@ -93,6 +94,7 @@ __all__ = [
 # -- limits ----------------------------------------------------------------------------
 
 MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
+MAX_DISK_MIB = 1 << 20  # a session's virtual disk (create --disk); at least the image's
 MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
@@ -157,7 +159,8 @@ class Session:
     ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
     it was last restored from. ``expires_at`` (ISO-8601 UTC, None: never): when it is
     removed (``create --timeout``). ``disk_bytes``: host disk its own files use now (its
-    top disk layer, logs; not the layers and checkpoints it shares)."""
+    top disk layer, logs; not the layers and checkpoints it shares). ``disk_mib``: its
+    virtual disk's size when chosen at create (None: the image's)."""
 
     id: str
     name: str | None
@@ -171,6 +174,7 @@ class Session:
     ports: tuple[Port, ...] = ()
     expires_at: str | None = None
     disk_bytes: int = 0
+    disk_mib: int | None = None
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""

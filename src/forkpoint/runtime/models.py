@@ -21,6 +21,7 @@ def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
         cpus=record.cpus,
         network=record.network,
         expires_at=record.expires_at,
+        disk_mib=record.disk_mib,
         disk_bytes=disk_bytes,
     )
 

@@ -24,7 +24,14 @@ from typing import IO
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
-from forkpoint.errors import Conflict, ForkpointError, InternalError, LimitExceeded, NotFound
+from forkpoint.errors import (
+    Conflict,
+    ForkpointError,
+    InternalError,
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+)
 from forkpoint.images import Image, get_image
 from forkpoint.models import (
     BackgroundProcess,
@@ -58,6 +65,7 @@ from . import processes
 from .agents import AgentPool
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, destroy_session, kill_session_processes
+from .disksize import grow_block_device, grow_filesystem
 from .limits import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
 from .lineage import lineage, rollback_target
 from .machines import (
@@ -156,9 +164,11 @@ class Runtime(Queries):
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
         timeout_s: float | None = None,
+        disk_mib: int | None = None,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
         ``timeout_s``: it is removed that long from now (see :meth:`set_timeout`).
+        ``disk_mib``: its virtual disk's size, at least the image's (see ``disksize``).
 
         :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image;
         :raises LimitExceeded: the disk reserve or the session count would be crossed.
@@ -167,16 +177,22 @@ class Runtime(Queries):
 
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
-            ports=tuple(ports), network=network, timeout_s=timeout_s,
+            ports=tuple(ports), network=network, timeout_s=timeout_s, disk_mib=disk_mib,
         )  # fmt: skip
         await asyncio.to_thread(self._require_room, 1)
         img, shape = await asyncio.to_thread(
             self._machine, request.image, request.memory_mib, request.cpus
         )
+        if request.disk_mib is not None and request.disk_mib << 20 < img.recipe.disk_size:
+            raise InvalidInput(
+                f"--disk {request.disk_mib} MiB is smaller than image {img.name}'s disk "
+                f"({img.recipe.disk_size >> 20} MiB): disks only grow"
+            )
         template = await self._templates.get(img, shape)
         return await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network, expires_at=expires_after(request.timeout_s),
+            disk_mib=request.disk_mib,
         )  # fmt: skip
 
     def _require_room(self, sessions: int) -> None:
@@ -219,6 +235,7 @@ class Runtime(Queries):
         network: Network,
         loaded: Callable[[], Awaitable[None]] | None = None,
         expires_at: str | None = None,
+        disk_mib: int | None = None,
     ) -> Session:
         await asyncio.to_thread(self._manifest, checkpoint.id, shape)
         # The session row needs a layer row to point at; the checkpoint's own frozen
@@ -228,7 +245,7 @@ class Runtime(Queries):
             SessionRecord.new(
                 image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
-                parent_checkpoint=checkpoint.id, expires_at=expires_at,
+                parent_checkpoint=checkpoint.id, expires_at=expires_at, disk_mib=disk_mib,
             ),
             max_active=host_limits().max_sessions,
         )  # fmt: skip
@@ -247,7 +264,14 @@ class Runtime(Queries):
                 record = await asyncio.to_thread(
                     self._record_running, record.id, started, checkpoint.disk_layer
                 )
-                await started.machine.close()
+                try:
+                    grew = disk_mib is not None and await grow_block_device(
+                        started.machine, disk_mib, at_create=True
+                    )
+                finally:
+                    await started.machine.close()
+            if grew:  # through the agent, which takes the session's lock itself
+                await grow_filesystem(self, record.id)
         except BaseException:
             await self._destroy(record)
             raise
@@ -430,6 +454,7 @@ class Runtime(Queries):
                 return await self._start_session(
                     record, image, shape, name=None, guest_ports=manifest.ports,
                     network=network, loaded=loaded,
+                    disk_mib=source.disk_mib if source else None,  # its disk is that size
                 )  # fmt: skip
 
         results = await asyncio.gather(
@@ -492,7 +517,15 @@ class Runtime(Queries):
                 self._record_running, record.id, started, target.disk_layer,
                 generation=generation, parent_checkpoint=target.id,
             )  # fmt: skip
-            await started.machine.close()
+            # A checkpoint from before the disk grew (the template) brings the old size.
+            try:
+                grew = record.disk_mib is not None and await grow_block_device(
+                    started.machine, record.disk_mib, at_create=False
+                )
+            finally:
+                await started.machine.close()
+        if grew:
+            await grow_filesystem(self, record.id)
         await asyncio.to_thread(self.gc)
         return await asyncio.to_thread(self.session_of, record)
 

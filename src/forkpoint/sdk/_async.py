@@ -168,12 +168,14 @@ class AsyncSandbox:
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
         timeout: float | None = None,
+        disk_mib: int | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1; ``timeout``: seconds until it is removed).
+        forward to 127.0.0.1; ``timeout``: seconds until it is removed; ``disk_mib``: its
+        virtual disk, at least the image's).
         :raises NotFound: no such image. :raises InvalidInput:
         :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
         client = ApiClient(base_url, token, runtime)
@@ -181,7 +183,7 @@ class AsyncSandbox:
         try:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
-                network=str(network), timeout_s=timeout,
+                network=str(network), timeout_s=timeout, disk_mib=disk_mib,
             )  # fmt: skip
             return cls(client, info)
         finally:

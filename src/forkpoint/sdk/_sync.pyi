@@ -71,6 +71,7 @@ class Sandbox(SyncTwin):
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
         timeout: float | None = None,
+        disk_mib: int | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,

@@ -194,6 +194,18 @@ class Machine:
         """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
         await self._qmp.run("announce-self", initial=0, max=0, rounds=1, step=0)
 
+    async def grow_disk(self, size_bytes: int) -> int:
+        """Grow the virtual disk to ``size_bytes`` (QEMU truncates the top layer through
+        its descriptor and tells the guest the new capacity); returns the size it had.
+        Never shrinks: a smaller ``size_bytes`` changes nothing."""
+        for block in await self._qmp.run("query-block"):
+            if block.get("device") == "d0" and "inserted" in block:
+                current = int(block["inserted"]["image"]["virtual-size"])
+                if size_bytes > current:
+                    await self._qmp.run("block_resize", device="d0", size=size_bytes)
+                return current
+        raise QemuError(f"{self.files.name}: disk d0 not found")
+
     async def active_disk(self) -> Path:
         """The qcow2 file the VM writes to now (QEMU's view is the truth)."""
         name = await self._disk_name()
