@@ -9,6 +9,7 @@ apparent size.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from forkpoint.config import Home
@@ -18,19 +19,31 @@ __all__ = ["allocated_bytes", "checkpoint_disk_bytes", "session_disk_bytes"]
 
 
 def allocated_bytes(path: Path) -> int:
-    """Bytes allocated to a file, or to every file under a directory; 0 if it is gone."""
+    """Bytes allocated to a file, or to every file under a directory; 0 if it is gone.
+    (``scandir``: ``ls`` pays for this on every session, keep it to one call a file.)"""
     try:
         info = os.lstat(path)
     except OSError:
         return 0
     total = info.st_blocks * 512
-    if path.is_dir() and not path.is_symlink():
-        for root, _dirs, names in os.walk(path):
-            for name in names:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
-                except OSError:
-                    continue  # removed while we walked
+    if stat.S_ISDIR(info.st_mode):
+        total += _tree_bytes(path)
+    return total
+
+
+def _tree_bytes(directory: Path | str) -> int:
+    total = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0  # removed while we looked
+    for entry in entries:
+        try:
+            total += entry.stat(follow_symlinks=False).st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                total += _tree_bytes(entry.path)
+        except OSError:
+            continue
     return total
 
 
