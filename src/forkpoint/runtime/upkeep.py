@@ -12,7 +12,7 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from forkpoint.errors import Conflict, NotFound
+from forkpoint.errors import ForkpointError
 from forkpoint.models import SessionState
 from forkpoint.store import session_lock, utc_now
 from forkpoint.vm.logcap import trim_log
@@ -50,7 +50,9 @@ def upkeep(queries: Queries) -> list[str]:
 def _remove_expired(queries: Queries, session_id: str, now: str) -> bool:
     from .cleanup import destroy_session  # rare: not loaded by every query
 
-    with contextlib.suppress(Conflict, NotFound):
+    # Busy (its lock is held) or failing: left for the next round — the caller's own
+    # command must not fail because another session could not be removed.
+    with contextlib.suppress(ForkpointError, OSError):
         with session_lock(queries.home, session_id, timeout_s=0):
             record = queries.store.get_session(session_id)
             if record.expires_at is None or record.expires_at > now:
