@@ -19,6 +19,7 @@ import pytest
 from forkpoint.config import Home, home
 from forkpoint.runtime.queries import Queries
 from forkpoint.runtime.upkeep import expires_after, upkeep
+from forkpoint.sdk import Sandbox
 from forkpoint.store import SessionRecord, SessionState, Store
 from forkpoint.vm.logcap import LOG_CAP_BYTES
 from forkpoint.vm.process import is_running
@@ -98,6 +99,12 @@ def test_disk_use_and_timeout_through_the_cli() -> None:
         assert listed["disk_bytes"] >= max(checkpoint["size_bytes"], 32 << 20)
         # The data moved to the checkpoint's frozen layer; the session's own top is new.
         assert _cli("ls", "--json")[0]["disk_bytes"] < 8 << 20
+        box = Sandbox.connect(s["id"])  # embedded: the REST app in this process
+        try:
+            box.set_timeout(120)  # REST POST /v1/sessions/{id}/timeout
+            assert box.info.expires_at is not None and box.info.expires_at < s["expires_at"]
+        finally:
+            box.close()
         never = _cli("timeout", s["id"], "0", "--json")
         assert never["expires_at"] is None
         pid = _qemu_pid(s["id"])
