@@ -8,6 +8,7 @@ limits that cannot be met and checks the exit code and that nothing was left beh
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from forkpoint.config import Home, Limits, parse_size
+from forkpoint.config import Home, Limits, home, parse_size
 from forkpoint.errors import InvalidInput, LimitExceeded
 from forkpoint.runtime.limits import checkpoint_bytes, require_space
 from forkpoint.store import SessionRecord, SessionState, Store
@@ -147,9 +148,11 @@ def _ok(*args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def _home_files() -> set[str]:
-    from forkpoint.config import home
+def _ids(*args: str) -> list[str]:
+    return [item["id"] for item in _ok(*args)]
 
+
+def _home_files() -> set[str]:
     root = home().root
     return {
         str(p.relative_to(root))
@@ -163,7 +166,7 @@ def test_limits_refuse_with_exit_4_and_leave_nothing() -> None:
     session = _ok("create")
     try:
         checkpoint = _ok("checkpoint", session["id"])
-        sessions, checkpoints = _ok("ls"), _ok("checkpoints")
+        sessions, checkpoints = _ids("ls"), _ids("checkpoints")
         before = _home_files()
         no_room = {"FORKPOINT_DISK_RESERVE": "100%"}
         for args in (
@@ -181,8 +184,17 @@ def test_limits_refuse_with_exit_4_and_leave_nothing() -> None:
             done = _cli(*args, **one)
             assert done.returncode == 4, done.stderr.decode()
             assert "FORKPOINT_MAX_SESSIONS=1" in done.stderr.decode()
-        assert _ok("ls") == sessions
-        assert _ok("checkpoints") == checkpoints
+        assert _ids("ls") == sessions
+        assert _ids("checkpoints") == checkpoints
         assert _home_files() == before
+        # Reviving a crashed session counts too.
+        with Store.open(home()) as store:
+            os.kill(store.get_session(session["id"]).qemu_pid or 0, signal.SIGKILL)
+        assert _ok("show", session["id"])["state"] == "crashed"
+        other = _ok("create")
+        done = _cli("rollback", session["id"], **one)
+        assert done.returncode == 4 and "FORKPOINT_MAX_SESSIONS=1" in done.stderr.decode()
+        assert _ok("show", session["id"])["state"] == "crashed"
+        _cli("rm", other["id"])
     finally:
         _cli("rm", session["id"])

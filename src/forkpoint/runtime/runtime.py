@@ -204,6 +204,10 @@ class Runtime(Queries):
         """
         what = "a new session" if sessions == 1 else f"{sessions} new sessions"
         require_space(self.home, sessions * SESSION_BYTES, what)
+        self._require_count(sessions, what)
+
+    def _require_count(self, sessions: int, what: str) -> None:
+        """:raises LimitExceeded: ``sessions`` more would pass FORKPOINT_MAX_SESSIONS."""
         most = host_limits().max_sessions
         # Queries.list_sessions notices dead VMs first: a crashed session does not count.
         active = sum(s.state == SessionState.RUNNING for s in self.list_sessions())
@@ -487,6 +491,8 @@ class Runtime(Queries):
         record = await asyncio.to_thread(self.store.get_session, session)
         async with session_lock_async(self.home, record.id):
             record = await asyncio.to_thread(self.store.get_session, record.id)
+            if record.state != SessionState.RUNNING:  # a stopped one starts running again
+                await asyncio.to_thread(self._require_count, 1, f"reviving {record.id}")
             target = await asyncio.to_thread(rollback_target, self.store, record, checkpoint)
             image, shape = await asyncio.to_thread(
                 self._machine, target.image_hash, record.memory_mib, record.cpus
