@@ -42,7 +42,12 @@ def test_reserve_is_a_size_or_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORKPOINT_DISK_RESERVE", "2G")
     monkeypatch.setenv("FORKPOINT_MAX_SESSIONS", "3")
     assert Limits.from_env() == Limits("2G", 3)
-    for name, bad in (("FORKPOINT_DISK_RESERVE", "lots"), ("FORKPOINT_MAX_SESSIONS", "0")):
+    for name, bad in (
+        ("FORKPOINT_DISK_RESERVE", "lots"),
+        ("FORKPOINT_DISK_RESERVE", "120%"),
+        ("FORKPOINT_MAX_SESSIONS", "0"),
+        ("FORKPOINT_MAX_SESSIONS", "many"),
+    ):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             Limits.from_env()

@@ -97,10 +97,10 @@ class Limits:
         default = cls()
         reserve = os.environ.get("FORKPOINT_DISK_RESERVE", "").strip() or default.disk_reserve
         count = os.environ.get("FORKPOINT_MAX_SESSIONS", "").strip()
+        if count and not (count.isdigit() and int(count) >= 1):
+            raise ValueError(f"FORKPOINT_MAX_SESSIONS must be a whole number ≥ 1, got {count}")
         limits = cls(reserve, int(count) if count else default.max_sessions)
         limits.reserve_bytes(1)  # fail now, not in the middle of an operation
-        if limits.max_sessions < 1:
-            raise ValueError(f"FORKPOINT_MAX_SESSIONS must be at least 1, got {count}")
         return limits
 
     def reserve_bytes(self, filesystem_bytes: int) -> int:
