@@ -20,7 +20,7 @@ from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
 from forkpoint.vm.cgroups import SessionCgroup
-from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.disk import overlay_on_top
 from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
@@ -287,7 +287,7 @@ class Machine:
         await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
         old_name = await self._disk_name()
-        await asyncio.to_thread(overlay_from_blank, await self.active_disk(), new_overlay)
+        await asyncio.to_thread(overlay_on_top, await self.active_disk(), new_overlay)
         base_copy_ms = (time.perf_counter() - started) * 1000
         paused = time.perf_counter()
         await self._qmp.run("stop")
