@@ -20,6 +20,7 @@ def session_of(record: SessionRecord) -> Session:
         memory_mib=record.memory_mib,
         cpus=record.cpus,
         network=record.network,
+        egress={key: list(record.egress.get(key, [])) for key in ("allow", "deny")},
     )
 
 

@@ -15,6 +15,7 @@ from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .egress import install_filter, policy_of
 from .machines import jail_of
 
 __all__ = ["HostPorts"]
@@ -58,6 +59,7 @@ class HostPorts:
         for pid in record.aux_pids:
             stop_passt(files, pid)
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
+        install_filter(jail_of(record), policy_of(record))  # lost after a reboot, say
         pid = start_passt(files, forwards, jail_of(record))
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)
