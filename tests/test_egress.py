@@ -7,6 +7,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,22 @@ def test_the_kernel_takes_the_rules_idempotently_in_a_namespace_of_our_own() -> 
         assert "No such file or directory" in again.stderr  # what remove_rules tolerates
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--allow-net", "10.0.0.1/8"), ("--deny-net", "not-a-network")],
+)
+def test_cli_bad_cidr_is_one_line_exit_2_and_creates_nothing(args: tuple[str, ...]) -> None:
+    def forkpoint(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "forkpoint.cli.app", *argv],
+            capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=120,
+        )  # fmt: skip
+
+    before = forkpoint("ls", "--json").stdout
+    done = forkpoint("create", *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CIDR" in lines[0] and args[1] in lines[0], done.stderr
+    assert forkpoint("ls", "--json").stdout == before

@@ -238,6 +238,10 @@ def _nft_table() -> str:
     return _sh(*_in(GUESTSIDE, "nft", "list", "table", "inet", "forkpoint")).stdout
 
 
+def _nft_chain(uid: int) -> str:
+    return _sh(*_in(GUESTSIDE, "nft", "list", "chain", "inet", "forkpoint", f"u{uid}")).stdout
+
+
 def test_default_policy_and_its_adjustments(network: Network) -> None:
     default = json.loads(_forkpoint("create", "--json", "--port", "8000"))
     adjusted = json.loads(
@@ -245,6 +249,7 @@ def test_default_policy_and_its_adjustments(network: Network) -> None:
             "create", "--json", "--allow-net", f"{PRIVATE}/32", "--deny-net", "198.51.100.0/24"
         )  # fmt: skip
     )
+    forks: list[str] = []
     try:
         assert adjusted["egress"] == {"allow": [f"{PRIVATE}/32"], "deny": ["198.51.100.0/24"]}
         shown = json.loads(_forkpoint("show", "--json", adjusted["id"]))
@@ -267,7 +272,19 @@ def test_default_policy_and_its_adjustments(network: Network) -> None:
                         f"{PRIVATE_192}:{PORT}", f"{HOST_ADDRESS}:{PORT}")  # fmt: skip
         assert changed["dns"] == "answered", changed
 
-        # the 127.0.0.1 port forward still works with the rules in place
+        # a fork gets the policy of the session it was forked from
+        checkpoint = json.loads(_forkpoint("checkpoint", "--json", adjusted["id"]))
+        fork = json.loads(_forkpoint("fork", "--json", checkpoint["id"]))[0]
+        forks.append(fork["id"])
+        assert fork["egress"] == adjusted["egress"]
+        assert f"{PRIVATE} : accept" in _nft_chain(_uid_of(fork["id"]))
+
+        # the table gone (a reboot, `nft flush ruleset`): restarting passt brings it back
+        _sh(*_in(GUESTSIDE, "nft", "delete", "table", "inet", "forkpoint"))
+        _forkpoint("port", default["id"], "8001")
+        assert "fib daddr type local" in _nft_chain(_uid_of(default["id"]))
+
+        # the 127.0.0.1 port forward works with the rules in place
         _forkpoint("exec", default["id"], "--", "sh", "-c",
                    "nohup python3 -m http.server 8000 >/dev/null 2>&1 &")  # fmt: skip
         url = default["ports"][0]["url"]
@@ -280,7 +297,7 @@ def test_default_policy_and_its_adjustments(network: Network) -> None:
             time.sleep(0.5)
         assert got.stdout.strip() == "200", got.stderr
     finally:
-        _forkpoint("rm", default["id"], adjusted["id"])
+        _forkpoint("rm", default["id"], adjusted["id"], *forks)
     # what the listeners saw: only what the policies let through
     assert network.guestside.hits() == []
     seen = network.world.hits()
