@@ -218,3 +218,23 @@ def test_cli_bad_cidr_is_one_line_exit_2_and_creates_nothing(args: tuple[str, ..
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "CIDR" in lines[0] and args[1] in lines[0], done.stderr
     assert forkpoint("ls", "--json").stdout == before
+
+
+def test_without_root_nothing_is_installed_and_it_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from forkpoint.runtime import egress
+    from forkpoint.vm.jail import Jail
+
+    def never(*args: object) -> None:
+        raise AssertionError("nft must not run without root")
+
+    monkeypatch.setattr(egress, "jails_processes", lambda: False)
+    monkeypatch.setattr(egress, "install_rules", never)
+    egress._warn_unfiltered.cache_clear()
+    with caplog.at_level("WARNING", logger="forkpoint.egress"):
+        for _ in range(3):
+            egress.install_filter(Jail(1_900_000_007), EgressPolicy())
+    warnings = [r.getMessage() for r in caplog.records if r.name == "forkpoint.egress"]
+    assert len(warnings) == 1 and "not enforced" in warnings[0] and "root" in warnings[0]
+    egress._warn_unfiltered.cache_clear()
