@@ -16,7 +16,7 @@ from forkpoint.errors import InternalError, InvalidInput
 from forkpoint.requests import CreateSessionRequest, parse
 from forkpoint.vm import nftables
 from forkpoint.vm.egress import EgressPolicy, Verdict
-from forkpoint.vm.nftables import install_script, remove_script, resolvers
+from forkpoint.vm.nftables import install_script, policy_map, remove_script, resolvers
 
 UIDS = range(1_900_000_001, 1_900_065_536)
 DNS = [ipaddress.ip_address("127.0.0.53"), ipaddress.ip_address("fd00::53")]
@@ -118,10 +118,16 @@ def test_install_script_shape() -> None:
     chain = [line for line in lines if line.startswith(f"add rule {t} u1900000007 ")]
     rules = [line.removeprefix(f"add rule {t} u1900000007 ") for line in chain]
     assert rules[0].startswith("ip daddr @resolvers4 ") and rules[0].endswith("dport 53 accept")
-    assert rules[2].startswith("ip daddr vmap {") and "10.231.0.2 : accept" in rules[2]
-    assert "198.51.100.0-198.51.100.255 : goto refuse" in rules[2]
-    assert rules[3].startswith("ip6 daddr vmap {")
+    map4, map6 = policy_map(policy, 4), policy_map(policy, 6)
+    assert rules[2:4] == [f"ip daddr vmap @{map4}", f"ip6 daddr vmap @{map6}"]
     assert rules[-1] == "fib daddr type local goto refuse"
+    # the policy's spans, in a map named by the policy (sessions with the same one share it)
+    elements = next(line for line in lines if line.startswith(f"add element {t} {map4} "))
+    assert "10.231.0.2 : accept" in elements
+    assert "198.51.100.0-198.51.100.255 : goto refuse" in elements
+    assert lines.index(f"flush map {t} {map4}") < lines.index(elements)
+    assert policy_map(EgressPolicy.of(deny=["198.51.100.0/24"], allow=["10.231.0.2"]), 4) == map4
+    assert policy_map(EgressPolicy(), 4) != map4
     assert lines[-1] == f"add element {t} sessions {{ 1900000007 : goto u1900000007 }}"
 
 
@@ -166,37 +172,47 @@ def test_a_kernel_refusing_the_rules_is_one_clear_line(monkeypatch: pytest.Monke
     shutil.which("nft") is None or shutil.which("ip") is None or not _is_root(),
     reason="needs root, nft and ip",
 )
-def test_the_kernel_takes_the_rules_idempotently_in_a_namespace_of_our_own() -> None:
+def test_the_kernel_takes_the_rules_idempotently_in_a_namespace_of_our_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Installs, re-installs and removes in a network namespace the test makes (never the
     host's ruleset): a re-install does not double the rules, a removal leaves the others."""
     ns = "fpt-nftunit"
     subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
     subprocess.run(["ip", "netns", "add", ns], check=True)
 
-    def nft(*args: str, script: str = "") -> str:
-        done = subprocess.run(
-            ["ip", "netns", "exec", ns, "nft", *args],
-            input=script, capture_output=True, text=True, check=True,
+    def in_ns(args: list[str], stdin: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ip", "netns", "exec", ns, "nft", *args], input=stdin, capture_output=True,
+            text=True, check=False,
         )  # fmt: skip
+
+    def nft(*args: str) -> str:
+        done = in_ns(list(args), "")
+        assert done.returncode == 0, done.stderr
         return done.stdout
+
+    monkeypatch.setattr(nftables, "_run", in_ns)
 
     try:
         policy = EgressPolicy.of(allow=["10.231.0.2"], deny=["198.51.100.0/24"])
         for _ in range(2):
-            nft("-f", "-", script=install_script(1_900_000_007, policy, DNS, UIDS))
-        nft("-f", "-", script=install_script(1_900_000_008, EgressPolicy(), DNS, UIDS))
+            nftables.install_rules(1_900_000_007, policy, UIDS)
+        nftables.install_rules(1_900_000_008, policy, UIDS)  # shares the policy's maps
+        nftables.install_rules(1_900_000_009, EgressPolicy(), UIDS)
         table = nft("list", "table", "inet", "forkpoint")
-        assert table.count("meta skuid vmap @sessions") == 1
-        assert table.count("fib daddr type local goto refuse") == 2  # one per session chain
+        assert table.count("meta skuid vmap @sessions") == 1  # never doubled
+        assert table.count("fib daddr type local goto refuse") == 3  # one per session chain
+        assert table.count(f"map {policy_map(policy, 4)} ") == 1
         assert "1900000007 : goto u1900000007" in table
-        nft("-f", "-", script=remove_script(1_900_000_007))
+        nftables.remove_rules(1_900_000_007, policy)  # its maps stay: 8 uses them
         table = nft("list", "table", "inet", "forkpoint")
         assert "u1900000007" not in table and "1900000008 : goto u1900000008" in table
-        again = subprocess.run(
-            ["ip", "netns", "exec", ns, "nft", "-f", "-"],
-            input=remove_script(1_900_000_007), capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert "No such file or directory" in again.stderr  # what remove_rules tolerates
+        assert f"map {policy_map(policy, 4)} " in table
+        nftables.remove_rules(1_900_000_008, policy)  # the last user: its maps go
+        nftables.remove_rules(1_900_000_008, policy)  # gone already: fine
+        table = nft("list", "table", "inet", "forkpoint")
+        assert policy_map(policy, 4) not in table and "u1900000009" in table
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
 

@@ -46,7 +46,7 @@ def remove_filter(record: SessionRecord) -> None:
     if record.uid is None or not jails_processes():
         return
     with contextlib.suppress(InternalError):
-        remove_rules(record.uid)
+        remove_rules(record.uid, policy_of(record))
 
 
 @functools.cache
