@@ -163,8 +163,8 @@ def remove_rules(uid: int, policy: EgressPolicy) -> None:
     """
     _nft(remove_script(uid), tolerate=_GONE)
     if policy != EgressPolicy():  # the default's maps are nearly always in use: kept
-        for version in (4, 6):
-            _nft(f"delete map {TABLE} {policy_map(policy, version)}\n", tolerate=_GONE + _BUSY)
+        maps = "".join(f"delete map {TABLE} {policy_map(policy, v)}\n" for v in (4, 6))
+        _nft(maps, tolerate=_GONE + _BUSY)  # both or neither: the same chains use them
 
 
 _GONE = ("No such file or directory",)  # the transaction changed nothing
