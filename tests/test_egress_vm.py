@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.net import DNS, GATEWAY
+from forkpoint.vm.nftables import policy_map
 
 pytestmark = [
     pytest.mark.vm,
@@ -277,7 +279,10 @@ def test_default_policy_and_its_adjustments(network: Network) -> None:
         fork = json.loads(_forkpoint("fork", "--json", checkpoint["id"]))[0]
         forks.append(fork["id"])
         assert fork["egress"] == adjusted["egress"]
-        assert f"{PRIVATE} : accept" in _nft_chain(_uid_of(fork["id"]))
+        policy4 = policy_map(EgressPolicy.from_json(adjusted["egress"]), 4)
+        assert f"ip daddr vmap @{policy4}" in _nft_chain(_uid_of(fork["id"]))
+        listed = _sh(*_in(GUESTSIDE, "nft", "list", "map", "inet", "forkpoint", policy4))
+        assert f"{PRIVATE} : accept" in listed.stdout
 
         # the table gone (a reboot, `nft flush ruleset`): restarting passt brings it back
         _sh(*_in(GUESTSIDE, "nft", "delete", "table", "inet", "forkpoint"))
@@ -307,3 +312,4 @@ def test_default_policy_and_its_adjustments(network: Network) -> None:
     assert seen.count(f"udp:{RESOLVER}:53") >= 2  # the probes' (and the guests' own) DNS
     table = _nft_table()  # removing the sessions removed their rules, nothing else
     assert "goto u" not in table and "meta skuid vmap @sessions" in table
+    assert policy_map(EgressPolicy.from_json(adjusted["egress"]), 4) not in table
