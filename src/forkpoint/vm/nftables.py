@@ -23,8 +23,8 @@ Each install is one ``nft -f -`` transaction (atomic): it re-creates the table's
 (identical every time, so a table lost to a reboot or ``nft flush ruleset`` comes back)
 and replaces one session's chain and map element; removal deletes only those two (and the
 policy's map once no session uses it). Policies are named maps, not anonymous ones in each
-chain: ``nft`` reads every set's elements before a change, so anonymous maps made each
-install cost ≈ 0.5 ms more per existing session (≈ 100 ms at 200 sessions, 30 ms shared).
+chain: ``nft`` reads every set's elements before a change, so anonymous maps made an
+install take 139 ms with 200 sessions (28 ms with shared maps).
 """
 
 from __future__ import annotations
