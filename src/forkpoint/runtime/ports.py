@@ -56,10 +56,11 @@ class HostPorts:
     def restart_network(self, files: VmFiles, session_id: str) -> None:
         """Restart the session's passt with all its recorded forwards (blocking)."""
         record: SessionRecord = self.store.get_session(session_id)
+        # Before the old passt stops: no rules (no nft) must not cost the session its network.
+        install_filter(jail_of(record), policy_of(record))  # the table may be gone (reboot)
         for pid in record.aux_pids:
             stop_passt(files, pid)
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
-        install_filter(jail_of(record), policy_of(record))  # lost after a reboot, say
         pid = start_passt(files, forwards, jail_of(record))
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)
