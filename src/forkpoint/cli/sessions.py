@@ -52,9 +52,23 @@ def create_command(
     network: Annotated[
         str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
     ] = "user",
+    allow_net: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-net",
+            help="CIDR the guest may reach despite the default denies (repeatable).",
+        ),
+    ] = None,
+    deny_net: Annotated[
+        list[str] | None,
+        typer.Option("--deny-net", help="CIDR the guest may not reach (repeatable)."),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create a session (a running microVM) from an image.
+
+    Its guest reaches the internet but not the host, link-local (metadata services) or
+    private addresses; --allow-net and --deny-net adjust that.
 
     The first session of an image boots it once to build its template: that can take
     minutes under TCG. Every later create forks the template in milliseconds.
@@ -63,7 +77,7 @@ def create_command(
     async def op(runtime: Runtime) -> Session:
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
-            network=network,
+            network=network, allow_net=allow_net or [], deny_net=deny_net or [],
         )  # fmt: skip
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:
@@ -125,6 +139,7 @@ def show_command(
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
         ("limits", _limits(s.limits)),
+        ("egress", _describe_egress(s)),
     ]
     for key, value in rows:
         console.print(f"[bold]{key:<8}[/] {value}", highlight=False)
@@ -147,6 +162,15 @@ def _limits(limits: Limits | None) -> str:
     if limits.not_enforced:
         text += f"; [bold]not enforced: {', '.join(limits.not_enforced)}[/]"
     return text
+
+
+def _describe_egress(s: Session) -> str:
+    if s.network != "user":
+        return "none"
+    parts = ["internet; not the host, private or link-local addresses"]
+    parts += [f"allow {cidr}" for cidr in s.egress.get("allow", [])]
+    parts += [f"deny {cidr}" for cidr in s.egress.get("deny", [])]
+    return "; ".join(parts)
 
 
 @reports_errors

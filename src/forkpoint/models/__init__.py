@@ -63,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ID_PATTERN",
     "MAX_CPUS",
+    "MAX_EGRESS_RULES",
     "MAX_FORKS",
     "MAX_MEMORY_MIB",
     "MAX_PORTS",
@@ -96,6 +97,7 @@ MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
 MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
+MAX_EGRESS_RULES = 64  # CIDRs in each of a session's egress allow and deny lists
 # Each session's QEMU and passt run as a uid of their own: JAIL_UID_BASE + 1 .. + JAIL_UIDS - 1
 # (JAIL_UID_BASE itself is for VMs without a session, e.g. image builds). Far above the
 # ranges Debian gives users and /etc/subuid, so no real account shares one.
@@ -181,6 +183,10 @@ class Session:
     network: Network
     ports: tuple[Port, ...] = ()
     limits: Limits | None = None  # None: no VM running, or none of its cgroups exist
+    # Adjustments to the default egress policy: {"allow": [CIDR, ...], "deny": [...]}.
+    egress: dict[str, list[str]] = field(
+        default_factory=lambda: {"allow": [], "deny": []}, hash=False
+    )
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""

@@ -22,6 +22,7 @@ def session_of(record: SessionRecord) -> Session:
         cpus=record.cpus,
         network=record.network,
         limits=limits_of(record.qemu_pid) if record.state == SessionState.RUNNING else None,
+        egress={key: list(record.egress.get(key, [])) for key in ("allow", "deny")},
     )
 
 

@@ -53,11 +53,13 @@ from forkpoint.store import (
     validate_name,
 )
 from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
+from forkpoint.vm.egress import EgressPolicy
 
 from . import processes
 from .agents import AgentPool
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .egress import policy_of, remove_filter
 from .limits import sweep_cgroups
 from .lineage import lineage, rollback_target
 from .machines import (
@@ -157,24 +159,31 @@ class Runtime(Queries):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
+        ``allow_net``/``deny_net``: CIDRs adjusting the default egress policy (see
+        :mod:`forkpoint.vm.egress`).
 
-        :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
+        :raises InvalidInput: bad sizes, ports, network or CIDRs; :raises NotFound: no
+            such image.
         """
         from forkpoint.requests import CreateSessionRequest, parse  # pydantic: only when used
 
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
-            ports=tuple(ports), network=network,
+            ports=tuple(ports), network=network, allow_net=tuple(allow_net),
+            deny_net=tuple(deny_net),
         )  # fmt: skip
+        egress = EgressPolicy.of(request.allow_net, request.deny_net).to_json()
         img, shape = await asyncio.to_thread(
             self._machine, request.image, request.memory_mib, request.cpus
         )
         template = await self._templates.get(img, shape)
         return await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
-            network=request.network,
+            network=request.network, egress=egress,
         )  # fmt: skip
 
     async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
@@ -197,6 +206,7 @@ class Runtime(Queries):
         name: str | None,
         guest_ports: Sequence[int],
         network: Network,
+        egress: dict[str, list[str]],
         loaded: Callable[[], Awaitable[None]] | None = None,
     ) -> Session:
         await asyncio.to_thread(self._manifest, checkpoint.id, shape)
@@ -207,7 +217,7 @@ class Runtime(Queries):
             SessionRecord.new(
                 image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
-                parent_checkpoint=checkpoint.id,
+                parent_checkpoint=checkpoint.id, egress=egress,
             ),
         )  # fmt: skip
         try:
@@ -219,7 +229,7 @@ class Runtime(Queries):
                     checkpoint_layer=checkpoint.disk_layer, shape=shape,
                     boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
                     hostname=name or record.id, token=identity_token(record.id, 0),
-                    jail=jail_of(record),
+                    jail=jail_of(record), egress=policy_of(record),
                 )  # fmt: skip
                 started = await start_restored(self.home, spec, loaded)
                 record = await asyncio.to_thread(
@@ -264,6 +274,8 @@ class Runtime(Queries):
     def _destroy_now(self, record: SessionRecord) -> None:
         files = self.files(record.id)
         kill_session_processes(files, record)
+        if record.network == Network.USER:
+            remove_filter(record)
         with contextlib.suppress(NotFound):
             self.store.delete_session(record.id)
         remove_session_files(files)
@@ -362,13 +374,14 @@ class Runtime(Queries):
         )
         await asyncio.to_thread(self._manifest, record.id, shape)
         network = source.network if source else Network.USER
+        egress = policy_of(source).to_json() if source else {}
         together = ResumeTogether(count)
 
         async def one_fork() -> Session:
             async with together.member() as loaded:
                 return await self._start_session(
                     record, image, shape, name=None, guest_ports=manifest.ports,
-                    network=network, loaded=loaded,
+                    network=network, egress=egress, loaded=loaded,
                 )  # fmt: skip
 
         results = await asyncio.gather(
@@ -415,7 +428,7 @@ class Runtime(Queries):
                 network=record.network,
                 forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
                 hostname=record.name or record.id, token=identity_token(record.id, generation),
-                jail=jail_of(record),
+                jail=jail_of(record), egress=policy_of(record),
             )  # fmt: skip
             try:
                 started = await start_restored(self.home, spec)

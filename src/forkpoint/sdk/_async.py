@@ -167,18 +167,21 @@ class AsyncSandbox:
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1). :raises NotFound: no such image. :raises InvalidInput:"""
+        forward to 127.0.0.1; ``allow_net``/``deny_net``: CIDRs adjusting the default
+        egress policy). :raises NotFound: no such image. :raises InvalidInput:"""
         client = ApiClient(base_url, token, runtime)
         client.retain()  # held while creating, so a failure closes the connection
         try:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
-                network=str(network),
+                network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
             )  # fmt: skip
             return cls(client, info)
         finally:

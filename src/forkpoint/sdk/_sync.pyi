@@ -70,6 +70,8 @@ class Sandbox(SyncTwin):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
