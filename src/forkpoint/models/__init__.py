@@ -98,11 +98,15 @@ MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
 MAX_EGRESS_RULES = 64  # CIDRs in each of a session's egress allow and deny lists
-# Each session's QEMU and passt run as a uid of their own: JAIL_UID_BASE + 1 .. + JAIL_UIDS - 1
-# (JAIL_UID_BASE itself is for VMs without a session, e.g. image builds). Far above the
-# ranges Debian gives users and /etc/subuid, so no real account shares one.
+# Each session's QEMU and passt run as a uid of their own, from a block of JAIL_UIDS that
+# belongs to the session's home: block b (1..JAIL_HOME_BLOCKS, chosen by the home's path, so
+# that two homes on one host — a test home beside the real one — rarely share one) holds
+# JAIL_UID_BASE + b * JAIL_UIDS + 0..JAIL_UIDS-1. JAIL_UID_BASE itself is for VMs of no
+# session (image builds). All far above the ranges Debian gives users and /etc/subuid.
 JAIL_UID_BASE = 1_900_000_000
 JAIL_UIDS = 65_536
+JAIL_HOME_BLOCKS = 256
+SESSION_UIDS = range(JAIL_UID_BASE + JAIL_UIDS, JAIL_UID_BASE + (JAIL_HOME_BLOCKS + 1) * JAIL_UIDS)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ID_PATTERN = r"^[sc]-[0-9a-f]{10}$"  # names may not look like this (ids and names share refs)
 

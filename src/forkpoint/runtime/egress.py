@@ -13,7 +13,7 @@ import functools
 import logging
 
 from forkpoint.errors import InternalError
-from forkpoint.models import JAIL_UID_BASE, JAIL_UIDS
+from forkpoint.models import SESSION_UIDS
 from forkpoint.store import SessionRecord
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail, jails_processes
@@ -21,8 +21,6 @@ from forkpoint.vm.nftables import install_rules, remove_rules
 
 __all__ = ["install_filter", "policy_of", "remove_filter"]
 
-# Every uid a session may get: one of them with no rules of its own is refused everything.
-_SESSION_UIDS = range(JAIL_UID_BASE + 1, JAIL_UID_BASE + JAIL_UIDS)
 _log = logging.getLogger("forkpoint.egress")
 
 
@@ -38,7 +36,8 @@ def install_filter(jail: Jail, policy: EgressPolicy) -> None:
     if not jails_processes():
         _warn_unfiltered()
         return
-    install_rules(jail.uid, policy, _SESSION_UIDS)
+    # Every session uid of every home: one with no rules of its own is refused everything.
+    install_rules(jail.uid, policy, SESSION_UIDS)
 
 
 def remove_filter(record: SessionRecord) -> None:
