@@ -1,5 +1,6 @@
 """Where forkpoint keeps its state (``$FORKPOINT_HOME`` and its fixed layout), and the
-host limits an operator sets through the environment (:class:`Limits`)."""
+limits an operator sets through the environment (:class:`HostLimits`,
+:class:`LimitDefaults`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Home", "Limits", "home", "parse_size"]
+__all__ = ["Home", "HostLimits", "LimitDefaults", "home", "parse_size"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def home() -> Home:
     return Home(root.expanduser().resolve())
 
 
-# -- host limits -------------------------------------------------------------------------
+# -- host limits (free disk, session count) -------------------------------------------
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -78,7 +79,7 @@ def parse_size(text: str) -> int:
 
 
 @dataclass(frozen=True)
-class Limits:
+class HostLimits:
     """What the host allows, from the environment (read per operation, so a server picks
     up no change without a restart — but every CLI call does).
 
@@ -92,14 +93,12 @@ class Limits:
     max_sessions: int = 32
 
     @classmethod
-    def from_env(cls) -> Limits:
+    def from_env(cls) -> HostLimits:
         """:raises ValueError: a variable is set to something that is not a limit."""
         default = cls()
         reserve = os.environ.get("FORKPOINT_DISK_RESERVE", "").strip() or default.disk_reserve
-        count = os.environ.get("FORKPOINT_MAX_SESSIONS", "").strip()
-        if count and not (count.isdigit() and int(count) >= 1):
-            raise ValueError(f"FORKPOINT_MAX_SESSIONS must be a whole number ≥ 1, got {count}")
-        limits = cls(reserve, int(count) if count else default.max_sessions)
+        count = _env_int("FORKPOINT_MAX_SESSIONS", default.max_sessions, 1, 1 << 16)
+        limits = cls(reserve, count)
         limits.reserve_bytes(1)  # fail now, not in the middle of an operation
         return limits
 
@@ -116,3 +115,36 @@ class Limits:
             raise ValueError(
                 f"FORKPOINT_DISK_RESERVE must be a size (2G) or a share (5%): {self.disk_reserve}"
             ) from None
+
+
+# -- per-session resource limits (cgroups) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitDefaults:
+    """Per-session limits that do not follow from the machine's shape.
+
+    ``pids_max`` (``FORKPOINT_PIDS_MAX``) bounds QEMU's threads plus passt: QEMU has ≈ 4 +
+    one per vCPU, and up to 64 more in its block I/O pool under load. ``io_weight``
+    (``FORKPOINT_IO_WEIGHT``, cgroup v2's scale 1–10000, 100 = everyone equal).
+    """
+
+    pids_max: int = 256
+    io_weight: int = 100
+
+    @classmethod
+    def from_env(cls) -> LimitDefaults:
+        """:raises ValueError: a variable is set to something out of range (one line)."""
+        return cls(
+            pids_max=_env_int("FORKPOINT_PIDS_MAX", cls.pids_max, 32, 1 << 22),
+            io_weight=_env_int("FORKPOINT_IO_WEIGHT", cls.io_weight, 1, 10000),
+        )
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}, not {raw!r}")
+    return int(raw)

@@ -11,12 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
     MAX_CPUS,
     MAX_DISK_MIB,
+    MAX_EGRESS_RULES,
     MAX_FORKS,
     MAX_MEMORY_MIB,
     MAX_PORTS,
@@ -28,6 +36,7 @@ from forkpoint.models import (
 )
 
 __all__ = [
+    "Cidr",
     "CheckpointRequest",
     "Cpus",
     "CreateSessionRequest",
@@ -66,6 +75,24 @@ GuestPath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip()))
+    except ValueError as error:
+        raise ValueError(f"{text!r} is not a CIDR ({error})") from None
+
+
+Cidr = Annotated[
+    str,
+    StringConstraints(max_length=64),
+    AfterValidator(_cidr),
+    Field(description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128)."),
+]
+EgressRules = Annotated[tuple[Cidr, ...], Field(max_length=MAX_EGRESS_RULES)]
+
+
 class _Request(BaseModel):
     # Requests reject what they do not know: a misspelt option is an error, not ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,6 +105,12 @@ class CreateSessionRequest(_Request):
     name: Name | None = None
     ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
     network: Network = Network.USER
+    allow_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may reach despite the default egress denies."
+    )
+    deny_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may not reach, on top of the default denies."
+    )
     timeout_s: TimeoutS | None = None
     disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB)] | None = None
 

@@ -26,7 +26,7 @@ from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from forkpoint.models import Port, Session
+    from forkpoint.models import Limits, Port, Session
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -57,6 +57,17 @@ def create_command(
     network: Annotated[
         str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
     ] = "user",
+    allow_net: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-net",
+            help="CIDR the guest may reach despite the default denies (repeatable).",
+        ),
+    ] = None,
+    deny_net: Annotated[
+        list[str] | None,
+        typer.Option("--deny-net", help="CIDR the guest may not reach (repeatable)."),
+    ] = None,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", help="Remove the session after this many seconds."),
@@ -69,6 +80,9 @@ def create_command(
 ) -> None:
     """Create a session (a running microVM) from an image.
 
+    Its guest reaches the internet but not the host, link-local (metadata services) or
+    private addresses; --allow-net and --deny-net adjust that.
+
     The first session of an image boots it once to build its template: that can take
     minutes under TCG. Every later create forks the template in milliseconds.
     """
@@ -76,7 +90,8 @@ def create_command(
     async def op(runtime: Runtime) -> Session:
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
-            network=network, timeout_s=timeout, disk_mib=disk_mib,
+            network=network, allow_net=allow_net or [], deny_net=deny_net or [],
+            timeout_s=timeout, disk_mib=disk_mib,
         )  # fmt: skip
 
     disk_mib = _mib(disk) if disk is not None else None
@@ -141,6 +156,8 @@ def show_command(
         ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
+        ("limits", _limits(s.limits)),
+        ("egress", _describe_egress(s)),
         ("disk", f"{_virtual(s.disk_mib)}, {format_bytes(s.disk_bytes)} used on the host"),
         ("expires", _expiry(s.expires_at) or "never"),
     ]
@@ -149,6 +166,31 @@ def show_command(
     if s.ports:
         console.print("[bold]ports[/]", highlight=False)
         print_ports(s)
+
+
+def _limits(limits: Limits | None) -> str:
+    """The cgroup limits in force, and what is not enforced (in bold: it should be)."""
+    if limits is None:
+        return "- (no VM running)"
+    shown = [
+        f"memory {limits.memory_bytes >> 20} MiB" if limits.memory_bytes is not None else "",
+        f"cpu {limits.cpus:g}" if limits.cpus is not None else "",
+        f"pids {limits.pids_max}" if limits.pids_max is not None else "",
+        f"io weight {limits.io_weight}" if limits.io_weight is not None else "",
+    ]
+    text = ", ".join(part for part in shown if part) or "none"
+    if limits.not_enforced:
+        text += f"; [bold]not enforced: {', '.join(limits.not_enforced)}[/]"
+    return text
+
+
+def _describe_egress(s: Session) -> str:
+    if s.network != "user":
+        return "none"
+    parts = ["internet; not the host, private or link-local addresses"]
+    parts += [f"allow {cidr}" for cidr in s.egress.get("allow", [])]
+    parts += [f"deny {cidr}" for cidr in s.egress.get("deny", [])]
+    return "; ".join(parts)
 
 
 @reports_errors

@@ -1,67 +1,94 @@
-"""The host limits create, fork and checkpoint check before they make anything.
+"""Each session's resource limits: chosen from its shape and the configuration, put on its
+VM through cgroups (:mod:`forkpoint.vm.cgroups`), reported when not enforced, and read
+back for ``show`` (:func:`~forkpoint.runtime.models.limits_of`: queries must not load
+``logging``).
 
-Free space: an operation that would leave ``$FORKPOINT_HOME``'s filesystem with less than
-the reserve (``FORKPOINT_DISK_RESERVE``) free is refused with :class:`LimitExceeded` before
-a file is written, so nothing half-made is left. What an operation needs is estimated
-from above: a checkpoint can write as much RAM as the guest has, a new session writes
-little at first (its top layer's first clusters, capped logs). The count of running
-sessions (``FORKPOINT_MAX_SESSIONS``) is checked by the store, in the transaction that
-inserts the session (:meth:`~forkpoint.store.Store.insert_session`).
+The memory limit is the guest's RAM plus QEMU's own overhead, bounded and measured (see
+"Resource limits" in ``docs/architecture.md``); CPU is the vCPU count as a quota.
 """
 
 from __future__ import annotations
 
-import os
+import logging
+import threading
 
-from forkpoint.config import Home, Limits
-from forkpoint.errors import InvalidInput, LimitExceeded
+from forkpoint.config import Home, LimitDefaults
+from forkpoint.errors import InvalidInput
+from forkpoint.vm.argv import TCG_TB_MIB  # TCG's translation cache, capped in the argv
+from forkpoint.vm.cgroups import CgroupHost, ResourceLimits, SessionCgroup
+from forkpoint.vm.shape import MachineShape
 
 __all__ = [
-    "CHECKPOINT_OVERHEAD_BYTES",
-    "SESSION_BYTES",
-    "checkpoint_bytes",
-    "host_limits",
-    "require_space",
+    "QEMU_OVERHEAD_MIB",
+    "limits_for",
+    "prepare_cgroup",
+    "remove_cgroup",
+    "sweep_cgroups",
 ]
 
-# A new session at first: its top layer's first clusters and the guest's first writes,
-# its capped logs, sockets.
-SESSION_BYTES = 64 << 20
-# A checkpoint beyond its RAM file: device state, manifest, the VM's new top layer.
-CHECKPOINT_OVERHEAD_BYTES = 16 << 20
+# QEMU's memory besides guest RAM and TCG's translation cache (heap, thread stacks, page
+# tables, device buffers) plus passt's: measured ≈ 33 + 20 MiB with the guest's RAM all in
+# use (see "Resource limits" in the docs).
+QEMU_OVERHEAD_MIB = 96
+
+_log = logging.getLogger(__name__)
+_reported_lock = threading.Lock()
 
 
-def host_limits() -> Limits:
-    """The limits set in the environment. :raises InvalidInput: a malformed variable."""
+def limits_for(shape: MachineShape) -> ResourceLimits:
+    """The limits of a VM of ``shape``. :raises InvalidInput: a bad FORKPOINT_* setting."""
     try:
-        return Limits.from_env()
+        defaults = LimitDefaults.from_env()
     except ValueError as error:
         raise InvalidInput(str(error)) from None
+    overhead = QEMU_OVERHEAD_MIB + (TCG_TB_MIB if shape.accel == "tcg" else 0)
+    return ResourceLimits(
+        memory_bytes=(shape.memory_mib + overhead) << 20,
+        cpus=shape.cpus,
+        pids_max=defaults.pids_max,
+        io_weight=defaults.io_weight,
+    )
 
 
-def checkpoint_bytes(memory_mib: int) -> int:
-    """At most what a checkpoint of a guest with ``memory_mib`` of RAM writes."""
-    return (memory_mib << 20) + CHECKPOINT_OVERHEAD_BYTES
+def prepare_cgroup(home: Home, name: str, shape: MachineShape) -> SessionCgroup:
+    """The cgroup ``name`` with ``shape``'s limits written, ready for the VM's processes
+    (blocking). What cannot be enforced is reported once (per home), never raised."""
+    cgroup = CgroupHost.detect().create(name, limits_for(shape))
+    report_not_enforced(home, cgroup.not_enforced)
+    return cgroup
 
 
-def require_space(home: Home, need_bytes: int, what: str) -> None:
-    """Refuse ``what`` if writing ``need_bytes`` would leave less than the reserve free.
+def report_not_enforced(home: Home, not_enforced: dict[str, str]) -> None:
+    """Warn (one line per controller, on stderr or the server's log) about controllers
+    that are not enforced, the first time this home sees each reason."""
+    if not not_enforced:
+        return
+    lines = [
+        f"forkpoint: {controller} limit not enforced: {why}"
+        for controller, why in sorted(not_enforced.items())
+    ]
+    marker = home.root / "limits-reported"
+    with _reported_lock:
+        try:
+            known = set(marker.read_text().splitlines())
+        except OSError:
+            known = set()
+        new = [line for line in lines if line not in known]
+        if not new:
+            return
+        for line in new:
+            _log.warning("%s", line)
+        try:
+            marker.write_text("".join(f"{line}\n" for line in sorted(known | set(new))))
+        except OSError:
+            pass  # a read-only home: reported again next time, which is fine
 
-    :raises LimitExceeded: one line naming the free space, the need and the reserve.
-    """
-    fs = os.statvfs(home.root)
-    free = fs.f_bavail * fs.f_frsize
-    reserve = host_limits().reserve_bytes(fs.f_blocks * fs.f_frsize)
-    if free - need_bytes < reserve:
-        raise LimitExceeded(
-            f"not enough disk space for {what}: {_size(free)} free on {home.root}'s "
-            f"filesystem, it needs up to {_size(need_bytes)} and {_size(reserve)} must stay "
-            "free (FORKPOINT_DISK_RESERVE)"
-        )
+
+def remove_cgroup(name: str) -> None:
+    """Remove the VM cgroup ``name`` (after its processes are gone; blocking)."""
+    CgroupHost.detect().remove(name)
 
 
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n) >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"
+def sweep_cgroups(keep: set[str]) -> list[str]:
+    """Remove empty VM cgroups of sessions that no longer exist (blocking)."""
+    return CgroupHost.detect().sweep(keep)

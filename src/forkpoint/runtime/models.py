@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from forkpoint.models import Checkpoint, Port, Session
+from forkpoint.models import Checkpoint, Limits, Port, Session, SessionState
 from forkpoint.store import CheckpointRecord, SessionRecord
+from forkpoint.vm.cgroups import CONTROLLERS, limits_in_force
 
-__all__ = ["checkpoint_of", "session_of"]
+__all__ = ["checkpoint_of", "limits_of", "session_of"]
 
 
 def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
@@ -23,6 +24,25 @@ def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
         expires_at=record.expires_at,
         disk_mib=record.disk_mib,
         disk_bytes=disk_bytes,
+        limits=limits_of(record.qemu_pid) if record.state == SessionState.RUNNING else None,
+        egress={key: list(record.egress.get(key, [])) for key in ("allow", "deny")},
+    )
+
+
+def limits_of(qemu_pid: int | None) -> Limits | None:
+    """A running VM's limits as its cgroup files say (None: no VM). A VM in none of our
+    cgroups (none could be made) has every limit not enforced."""
+    if not qemu_pid:
+        return None
+    found = limits_in_force(qemu_pid)
+    if found is None:
+        return Limits(None, None, None, None, not_enforced=CONTROLLERS)
+    return Limits(
+        memory_bytes=found.memory_bytes,
+        cpus=found.cpus,
+        pids_max=found.pids_max,
+        io_weight=found.io_weight,
+        not_enforced=found.not_enforced,
     )
 
 

@@ -60,13 +60,16 @@ from forkpoint.store import (
     validate_name,
 )
 from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
+from forkpoint.vm.egress import EgressPolicy
 
 from . import processes
 from .agents import AgentPool
+from .capacity import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, destroy_session, kill_session_processes
 from .disksize import grow_block_device, grow_filesystem
-from .limits import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
+from .egress import policy_of
+from .limits import sweep_cgroups
 from .lineage import lineage, rollback_target
 from .machines import (
     AGENT_READY_TIMEOUT_S,
@@ -148,8 +151,10 @@ class Runtime(Queries):
         """Delete disk layers nothing depends on any more; returns their names.
 
         Opportunistic: skipped while another process builds an image template (its base
-        layer has no referrer until the template checkpoint exists).
+        layer has no referrer until the template checkpoint exists). Empty cgroups of
+        sessions that are gone are removed too.
         """
+        sweep_cgroups({r.id for r in self.store.list_sessions()})
         return collect_layers(self.home, self.store)
 
     # -- create ------------------------------------------------------------------------
@@ -163,22 +168,29 @@ class Runtime(Queries):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
         timeout_s: float | None = None,
         disk_mib: int | None = None,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
-        ``timeout_s``: it is removed that long from now (see :meth:`set_timeout`).
-        ``disk_mib``: its virtual disk's size, at least the image's (see ``disksize``).
+        ``allow_net``/``deny_net``: CIDRs adjusting the default egress policy (see
+        :mod:`forkpoint.vm.egress`). ``timeout_s``: it is removed that long from now (see
+        :meth:`set_timeout`). ``disk_mib``: its virtual disk's size, at least the image's
+        (see ``disksize``).
 
-        :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image;
-        :raises LimitExceeded: the disk reserve or the session count would be crossed.
+        :raises InvalidInput: bad sizes, ports, network or CIDRs; :raises NotFound: no
+            such image; :raises LimitExceeded: the disk reserve or the session count would
+            be crossed.
         """
         from forkpoint.requests import CreateSessionRequest, parse  # pydantic: only when used
 
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
-            ports=tuple(ports), network=network, timeout_s=timeout_s, disk_mib=disk_mib,
+            ports=tuple(ports), network=network, allow_net=tuple(allow_net),
+            deny_net=tuple(deny_net), timeout_s=timeout_s, disk_mib=disk_mib,
         )  # fmt: skip
+        egress = EgressPolicy.of(request.allow_net, request.deny_net).to_json()
         await asyncio.to_thread(self._require_room, 1)
         img, shape = await asyncio.to_thread(
             self._machine, request.image, request.memory_mib, request.cpus
@@ -191,8 +203,8 @@ class Runtime(Queries):
         template = await self._templates.get(img, shape)
         return await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
-            network=request.network, expires_at=expires_after(request.timeout_s),
-            disk_mib=request.disk_mib,
+            network=request.network, egress=egress,
+            expires_at=expires_after(request.timeout_s), disk_mib=request.disk_mib,
         )  # fmt: skip
 
     def _require_room(self, sessions: int) -> None:
@@ -237,6 +249,7 @@ class Runtime(Queries):
         name: str | None,
         guest_ports: Sequence[int],
         network: Network,
+        egress: dict[str, list[str]],
         loaded: Callable[[], Awaitable[None]] | None = None,
         expires_at: str | None = None,
         disk_mib: int | None = None,
@@ -249,7 +262,8 @@ class Runtime(Queries):
             SessionRecord.new(
                 image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
-                parent_checkpoint=checkpoint.id, expires_at=expires_at, disk_mib=disk_mib,
+                parent_checkpoint=checkpoint.id, egress=egress, expires_at=expires_at,
+                disk_mib=disk_mib,
             ),
             max_active=host_limits().max_sessions,
         )  # fmt: skip
@@ -262,7 +276,7 @@ class Runtime(Queries):
                     checkpoint_layer=checkpoint.disk_layer, shape=shape,
                     boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
                     hostname=name or record.id, token=identity_token(record.id, 0),
-                    jail=jail_of(record),
+                    jail=jail_of(record), egress=policy_of(record),
                 )  # fmt: skip
                 started = await start_restored(self.home, spec, loaded)
                 record = await asyncio.to_thread(
@@ -451,13 +465,14 @@ class Runtime(Queries):
         )
         await asyncio.to_thread(self._manifest, record.id, shape)
         network = source.network if source else Network.USER
+        egress = policy_of(source).to_json() if source else {}
         together = ResumeTogether(count)
 
         async def one_fork() -> Session:
             async with together.member() as loaded:
                 return await self._start_session(
                     record, image, shape, name=None, guest_ports=manifest.ports,
-                    network=network, loaded=loaded,
+                    network=network, egress=egress, loaded=loaded,
                     disk_mib=source.disk_mib if source else None,  # its disk is that size
                 )  # fmt: skip
 
@@ -507,7 +522,7 @@ class Runtime(Queries):
                 network=record.network,
                 forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
                 hostname=record.name or record.id, token=identity_token(record.id, generation),
-                jail=jail_of(record),
+                jail=jail_of(record), egress=policy_of(record),
             )  # fmt: skip
             try:
                 started = await start_restored(self.home, spec)

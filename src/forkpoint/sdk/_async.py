@@ -167,6 +167,8 @@ class AsyncSandbox:
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
         timeout: float | None = None,
         disk_mib: int | None = None,
         base_url: str | None = None,
@@ -174,16 +176,17 @@ class AsyncSandbox:
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1; ``timeout``: seconds until it is removed; ``disk_mib``: its
-        virtual disk, at least the image's).
-        :raises NotFound: no such image. :raises InvalidInput:
+        forward to 127.0.0.1; ``allow_net``/``deny_net``: CIDRs adjusting the default
+        egress policy; ``timeout``: seconds until it is removed; ``disk_mib``: its virtual
+        disk, at least the image's). :raises NotFound: no such image. :raises InvalidInput:
         :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
         client = ApiClient(base_url, token, runtime)
         client.retain()  # held while creating, so a failure closes the connection
         try:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
-                network=str(network), timeout_s=timeout, disk_mib=disk_mib,
+                network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
+                timeout_s=timeout, disk_mib=disk_mib,
             )  # fmt: skip
             return cls(client, info)
         finally:

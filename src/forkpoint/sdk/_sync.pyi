@@ -70,6 +70,8 @@ class Sandbox(SyncTwin):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
         timeout: float | None = None,
         disk_mib: int | None = None,
         base_url: str | None = None,

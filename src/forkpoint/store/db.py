@@ -14,6 +14,7 @@ import enum
 import json
 import sqlite3
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from forkpoint.errors import (
     LimitExceeded,
     NotFound,
 )
-from forkpoint.models import JAIL_UID_BASE, JAIL_UIDS
+from forkpoint.models import JAIL_HOME_BLOCKS, JAIL_UID_BASE, JAIL_UIDS
 from forkpoint.polling import poll_until_sync
 from forkpoint.store._rows import (
     CHECKPOINT_COLUMNS,
@@ -96,6 +97,7 @@ class Store:
         self._lock = threading.RLock()
         self._writing = False
         self.path = path
+        self.uids = session_uids(path.parent)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -122,7 +124,20 @@ class Store:
         except BaseException:
             conn.close()
             raise
-        return cls(conn, path)
+        store = cls(conn, path)
+        store._give_uids()
+        return store
+
+    def _give_uids(self) -> None:
+        """A uid for each session stored before sessions had one (schema v4)."""
+        with self._read() as conn:
+            missing = conn.execute("SELECT id FROM sessions WHERE uid IS NULL").fetchall()
+        for (session_id,) in missing:
+            with self.transaction() as conn:
+                conn.execute(
+                    "UPDATE sessions SET uid = ? WHERE id = ? AND uid IS NULL",
+                    (_free_uid(conn, self.uids), session_id),
+                )
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -242,7 +257,7 @@ class Store:
                     check_int(record.generation, "generation", minimum=0),
                     opt_pid(record.qemu_pid),
                     pids_json(record.aux_pids),
-                    record.uid if record.uid is not None else _free_uid(conn),
+                    record.uid if record.uid is not None else _free_uid(conn, self.uids),
                     SESSION_UPDATERS["disk_mib"](record.disk_mib),
                     SESSION_UPDATERS["expires_at"](record.expires_at),
                     egress_json(record.egress),
@@ -689,16 +704,23 @@ def require_below(conn: sqlite3.Connection, max_active: int) -> None:
         )
 
 
-def _free_uid(conn: sqlite3.Connection) -> int:
-    """The lowest session uid no stored session has (see ``JAIL_UID_BASE``).
+def session_uids(root: Path) -> range:
+    """The uids the sessions of the home at ``root`` run as (see ``JAIL_UID_BASE``)."""
+    block = 1 + zlib.crc32(str(root).encode()) % JAIL_HOME_BLOCKS
+    first = JAIL_UID_BASE + block * JAIL_UIDS
+    return range(first, first + JAIL_UIDS)
 
-    :raises Conflict: every uid of the range is taken.
+
+def _free_uid(conn: sqlite3.Connection, uids: range) -> int:
+    """The lowest of ``uids`` no stored session has.
+
+    :raises Conflict: every one is taken.
     """
     taken = {row[0] for row in conn.execute("SELECT uid FROM sessions WHERE uid IS NOT NULL")}
-    for uid in range(JAIL_UID_BASE + 1, JAIL_UID_BASE + JAIL_UIDS):
+    for uid in uids:
         if uid not in taken:
             return uid
-    raise Conflict(f"all {JAIL_UIDS - 1} session uids are in use: remove sessions")
+    raise Conflict(f"all {len(uids)} session uids are in use: remove sessions")
 
 
 def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:

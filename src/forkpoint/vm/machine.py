@@ -19,8 +19,9 @@ from forkpoint.errors import QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
+from forkpoint.vm.cgroups import SessionCgroup
 from forkpoint.vm.console import drain_console
-from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.disk import overlay_on_top
 from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
@@ -73,12 +74,14 @@ class Machine:
         ram: Path | None = None,
         network: bool,
         incoming: bool,
+        cgroup: SessionCgroup | None = None,
         console_file: bool = False,
     ) -> Machine:
         """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
         ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
         ``jail``: the uid QEMU runs as once set up (see :mod:`~forkpoint.vm.jail`).
-        ``console_file``: see :func:`~forkpoint.vm.argv.build_argv`.
+        ``cgroup``: QEMU is moved into it before the guest runs. ``console_file``: see
+        :func:`~forkpoint.vm.argv.build_argv`.
 
         With ``network`` the caller connects the network backend (passt) before the VM
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
@@ -90,19 +93,30 @@ class Machine:
         if ram is None:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
+        # A booting guest waits (-S) until QEMU is in its cgroup; a restore waits anyway.
+        hold = cgroup is not None and not incoming
         with disk_fds(disk) as fds:
             argv = build_argv(
                 build, shape, boot, files, (disk, fds), ram, jail,
                 network=network, incoming=incoming, console_file=console_file,
             )  # fmt: skip
-            pid = spawn_detached(argv, files.qemu_log, fds)
+            pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log, fds)
+        # Moved while QEMU starts up (a cgroup move can wait for an RCU grace period,
+        # milliseconds), and always before its guest runs.
+        attached = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, pid)) if cgroup else None
         try:
-            qmp = await Qmp.connect(
-                files.qmp_socket,
-                _START_TIMEOUT_S,
-                files.name,
-                alive=lambda: is_running(pid, files.name),
-            )
+            try:
+                qmp = await Qmp.connect(
+                    files.qmp_socket,
+                    _START_TIMEOUT_S,
+                    files.name,
+                    alive=lambda: is_running(pid, files.name),
+                )
+            finally:
+                if attached is not None:
+                    await attached
+            if hold:
+                await qmp.run("cont")
             return cls(files, pid, qmp, build)
         except QemuError as error:
             raise _start_failed(files, pid, error) from None
@@ -151,13 +165,14 @@ class Machine:
         ram: Path | None = None,
         state: Path | None = None,
         jail: Jail,
+        cgroup: SessionCgroup | None = None,
         console_file: bool = False,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
             build, shape, boot, files, disk,
-            jail=jail, ram=ram, network=False, incoming=state is not None,
+            jail=jail, ram=ram, network=False, incoming=state is not None, cgroup=cgroup,
             console_file=console_file,
         )  # fmt: skip
         if state is not None:
@@ -299,7 +314,7 @@ class Machine:
         await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
         old_name = await self._disk_name()
-        await asyncio.to_thread(overlay_from_blank, await self.active_disk(), new_overlay)
+        await asyncio.to_thread(overlay_on_top, await self.active_disk(), new_overlay)
         base_copy_ms = (time.perf_counter() - started) * 1000
         paused = time.perf_counter()
         await self._qmp.run("stop")

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from forkpoint.config import Home, Limits, home, parse_size
+from forkpoint.config import Home, HostLimits, home, parse_size
 from forkpoint.errors import InvalidInput, LimitExceeded
-from forkpoint.runtime.limits import checkpoint_bytes, require_space
+from forkpoint.runtime.capacity import checkpoint_bytes, require_space
 from forkpoint.store import SessionRecord, SessionState, Store
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -37,11 +37,11 @@ def test_sizes_parse() -> None:
 
 
 def test_reserve_is_a_size_or_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Limits().reserve_bytes(100 << 30) == 1 << 30  # default: 1 GiB
-    assert Limits(disk_reserve="5%").reserve_bytes(100 << 30) == 5 << 30
+    assert HostLimits().reserve_bytes(100 << 30) == 1 << 30  # default: 1 GiB
+    assert HostLimits(disk_reserve="5%").reserve_bytes(100 << 30) == 5 << 30
     monkeypatch.setenv("FORKPOINT_DISK_RESERVE", "2G")
     monkeypatch.setenv("FORKPOINT_MAX_SESSIONS", "3")
-    assert Limits.from_env() == Limits("2G", 3)
+    assert HostLimits.from_env() == HostLimits("2G", 3)
     for name, bad in (
         ("FORKPOINT_DISK_RESERVE", "lots"),
         ("FORKPOINT_DISK_RESERVE", "120%"),
@@ -50,7 +50,7 @@ def test_reserve_is_a_size_or_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
-            Limits.from_env()
+            HostLimits.from_env()
         monkeypatch.delenv(name)
 
 
