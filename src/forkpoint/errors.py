@@ -115,7 +115,7 @@ class InUse(Conflict):
 
 
 class LimitExceeded(Conflict):
-    """The operation would cross a limit of the host (``config.Limits``); nothing was made."""
+    """The operation would cross a limit of the host (``config.HostLimits``); nothing was made."""
 
     code = "limit_exceeded"
 
