@@ -1,4 +1,6 @@
-"""Where forkpoint keeps its state: ``$FORKPOINT_HOME`` and its fixed layout."""
+"""Where forkpoint keeps its state (``$FORKPOINT_HOME`` and its fixed layout), and the
+limits an operator sets through the environment (:class:`HostLimits`,
+:class:`LimitDefaults`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Home", "LimitDefaults", "home"]
+__all__ = ["Home", "HostLimits", "LimitDefaults", "home", "parse_size"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,63 @@ def home() -> Home:
     env = os.environ.get("FORKPOINT_HOME")
     root = Path(env) if env else Path.home() / ".local" / "share" / "forkpoint"
     return Home(root.expanduser().resolve())
+
+
+# -- host limits (free disk, session count) -------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"512M"``, ``"1G"``, ``"1.5GiB"``, ``"4096"`` → bytes (binary units).
+
+    :raises ValueError: not a size.
+    """
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in _UNITS else ""
+    number = float(value.removesuffix(unit) if unit else value)
+    if number < 0:
+        raise ValueError(f"negative size: {text!r}")
+    return int(number * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """What the host allows, from the environment (read per operation, so a server picks
+    up no change without a restart — but every CLI call does).
+
+    ``disk_reserve``: free space that create, fork and checkpoint leave on the home's
+    filesystem (``FORKPOINT_DISK_RESERVE``: a size like ``2G`` or a share like ``5%``;
+    default 1 GiB). ``max_sessions``: running sessions at most (``FORKPOINT_MAX_SESSIONS``,
+    default 32).
+    """
+
+    disk_reserve: str = "1G"
+    max_sessions: int = 32
+
+    @classmethod
+    def from_env(cls) -> HostLimits:
+        """:raises ValueError: a variable is set to something that is not a limit."""
+        default = cls()
+        reserve = os.environ.get("FORKPOINT_DISK_RESERVE", "").strip() or default.disk_reserve
+        count = _env_int("FORKPOINT_MAX_SESSIONS", default.max_sessions, 1, 1 << 16)
+        limits = cls(reserve, count)
+        limits.reserve_bytes(1)  # fail now, not in the middle of an operation
+        return limits
+
+    def reserve_bytes(self, filesystem_bytes: int) -> int:
+        """The reserve in bytes on a filesystem of ``filesystem_bytes``."""
+        if self.disk_reserve.endswith("%"):
+            share = float(self.disk_reserve[:-1])
+            if not 0 <= share <= 100:
+                raise ValueError(f"FORKPOINT_DISK_RESERVE must be 0-100 %: {self.disk_reserve}")
+            return int(filesystem_bytes * share / 100)
+        try:
+            return parse_size(self.disk_reserve)
+        except ValueError:
+            raise ValueError(
+                f"FORKPOINT_DISK_RESERVE must be a size (2G) or a share (5%): {self.disk_reserve}"
+            ) from None
 
 
 # -- per-session resource limits (cgroups) ----------------------------------------------

@@ -8,6 +8,7 @@
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
+    │   ├── LimitExceeded           a host limit (free disk reserve, session count) says no
     │   └── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
@@ -37,6 +38,7 @@ __all__ = [
     "IncompatibleCheckpoint",
     "InternalError",
     "InvalidInput",
+    "LimitExceeded",
     "NotFound",
     "QemuError",
     "UnknownPackage",
@@ -110,6 +112,12 @@ class Conflict(ForkpointError):
 
 class InUse(Conflict):
     code = "in_use"
+
+
+class LimitExceeded(Conflict):
+    """The operation would cross a limit of the host (``config.HostLimits``); nothing was made."""
+
+    code = "limit_exceeded"
 
 
 class IncompatibleCheckpoint(Conflict):

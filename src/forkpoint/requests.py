@@ -11,14 +11,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
     MAX_CPUS,
+    MAX_DISK_MIB,
+    MAX_EGRESS_RULES,
     MAX_FORKS,
     MAX_MEMORY_MIB,
     MAX_PORTS,
+    MAX_TIMEOUT_S,
     MIN_MEMORY_MIB,
     NAME_PATTERN,
     Network,
@@ -26,6 +36,7 @@ from forkpoint.models import (
 )
 
 __all__ = [
+    "Cidr",
     "CheckpointRequest",
     "Cpus",
     "CreateSessionRequest",
@@ -41,6 +52,8 @@ __all__ = [
     "RollbackPreviewRequest",
     "UndoRequest",
     "RollbackRequest",
+    "TimeoutRequest",
+    "TimeoutS",
     "describe_invalid",
     "parse",
 ]
@@ -50,6 +63,10 @@ MemoryMiB = Annotated[
     int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB.")
 ]
 Cpus = Annotated[int, Field(ge=1, le=MAX_CPUS, description="Virtual CPUs.")]
+TimeoutS = Annotated[
+    float,
+    Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
+]
 ForkCount = Annotated[int, Field(ge=1, le=MAX_FORKS, description="Sessions to start.")]
 Name = Annotated[
     str,
@@ -59,6 +76,24 @@ Name = Annotated[
 Ref = Annotated[str, StringConstraints(min_length=1, max_length=128)]  # an id or a name
 GuestPath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip()))
+    except ValueError as error:
+        raise ValueError(f"{text!r} is not a CIDR ({error})") from None
+
+
+Cidr = Annotated[
+    str,
+    StringConstraints(max_length=64),
+    AfterValidator(_cidr),
+    Field(description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128)."),
+]
+EgressRules = Annotated[tuple[Cidr, ...], Field(max_length=MAX_EGRESS_RULES)]
 
 
 class _Request(BaseModel):
@@ -73,8 +108,22 @@ class CreateSessionRequest(_Request):
     name: Name | None = None
     ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
     network: Network = Network.USER
+    allow_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may reach despite the default egress denies."
+    )
+    deny_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may not reach, on top of the default denies."
+    )
+    timeout_s: TimeoutS | None = None
+    disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB)] | None = None
     history: bool = False  # a checkpoint before every exec and file write (undo)
     history_keep: Annotated[int, Field(ge=1, le=1000)] = 20  # automatic checkpoints kept
+
+
+class TimeoutRequest(_Request):
+    """A session's new lifetime, from now; None: it never expires."""
+
+    timeout_s: TimeoutS | None
 
 
 class ExecRequest(_Request):

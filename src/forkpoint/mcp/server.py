@@ -30,7 +30,7 @@ from forkpoint.models import (
     Session,
     StateDiff,
 )
-from forkpoint.requests import Cpus, ForkCount, GuestPort, MemoryMiB, Name
+from forkpoint.requests import Cidr, Cpus, ForkCount, GuestPort, MemoryMiB, Name, TimeoutS
 from forkpoint.runtime import Runtime
 
 __all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
@@ -90,14 +90,20 @@ def build_server(runtime: Runtime) -> MCPServer:
         cpus: Cpus = 1,
         name: Name | None = None,
         ports: list[GuestPort] | None = None,
+        allow_net: list[Cidr] | None = None,
+        deny_net: list[Cidr] | None = None,
+        timeout_s: TimeoutS | None = None,
         history: bool = False,
     ) -> Session:
         """Create a session (a microVM) from an image; ``ports`` are guest ports to forward
-        to the host's 127.0.0.1. ``history``: checkpoint automatically before every exec
-        and file write, so `undo` can take steps back. Returns the session (id, ports with
-        URLs, ...)."""
+        to the host's 127.0.0.1. The guest reaches the internet but not the host, private
+        or link-local addresses; ``allow_net``/``deny_net`` (CIDRs) adjust that.
+        ``timeout_s``: seconds until it is removed. ``history``: checkpoint automatically
+        before every exec and file write, so `undo` can take steps back. Returns the
+        session (id, ports with URLs, ...)."""
         return await runtime.create(
             image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or (),
+            allow_net=allow_net or (), deny_net=deny_net or (), timeout_s=timeout_s,
             history=history,
         )  # fmt: skip
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from forkpoint.errors import Conflict, NotFound
 from forkpoint.models import Network, StateDiff
 from forkpoint.protocol import ScanResult
+from forkpoint.vm.egress import EgressPolicy
 
 from .diffs import ScanCache, compare, exclusions, parse_scan, patch_candidates, unified_patch
 from .lineage import rollback_target
@@ -118,7 +119,13 @@ async def _scratch_fork(runtime: Runtime, checkpoint_id: str) -> str:
         runtime._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
     )
     session = await runtime._start_session(
-        record, image, shape, name=None, guest_ports=(), network=Network.NONE
+        record,
+        image,
+        shape,
+        name=None,
+        guest_ports=(),
+        network=Network.NONE,
+        egress=EgressPolicy.of((), ()).to_json(),
     )
     runtime.scratch_sessions.add(session.id)
     return session.id

@@ -27,9 +27,11 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .egress import install_filter
 from .limits import prepare_cgroup, report_not_enforced
 from .manifest import CheckpointFiles
 
@@ -113,7 +115,7 @@ class RestoreSpec:
 
     ``forwards`` are ``(host_port, guest_port)`` pairs; ``token`` names this restore (see
     :func:`identity_token`) and ``hostname`` is the guest's new one; ``jail`` says which uid
-    its QEMU and passt run as.
+    its QEMU and passt run as, ``egress`` where its guest may connect.
     """
 
     files: VmFiles
@@ -126,6 +128,7 @@ class RestoreSpec:
     hostname: str
     token: str
     jail: Jail
+    egress: EgressPolicy = EgressPolicy()
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,12 @@ async def start_restored(
     )
     prepared = set(cgroup.not_enforced)
     network = spec.network == Network.USER
+    # Installed while QEMU starts; passt waits for it (no unfiltered packet ever leaves).
+    filtering = (
+        asyncio.ensure_future(asyncio.to_thread(install_filter, spec.jail, spec.egress))
+        if network
+        else None
+    )
     machine: Machine | None = None
     passt_pid = None
     passt_placed: asyncio.Future[None] | None = None
@@ -179,6 +188,8 @@ async def start_restored(
 
             async def connect() -> None:
                 nonlocal passt_pid, passt_placed
+                if filtering is not None:
+                    await filtering
                 passt_pid = await asyncio.to_thread(
                     start_passt, files, list(spec.forwards), spec.jail
                 )
@@ -199,6 +210,8 @@ async def start_restored(
             await asyncio.to_thread(wait_passt_ready, files, passt_pid)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
+        if filtering is not None:  # its rules stay: harmless, replaced by the next install
+            await asyncio.gather(filtering, return_exceptions=True)
         if machine is not None:
             await machine.kill()
         await asyncio.to_thread(stop_passt, files, passt_pid)

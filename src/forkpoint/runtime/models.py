@@ -9,7 +9,7 @@ from forkpoint.vm.cgroups import CONTROLLERS, limits_in_force
 __all__ = ["checkpoint_of", "limits_of", "session_of"]
 
 
-def session_of(record: SessionRecord) -> Session:
+def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
     return Session(
         id=record.id,
         name=record.name,
@@ -21,7 +21,11 @@ def session_of(record: SessionRecord) -> Session:
         memory_mib=record.memory_mib,
         cpus=record.cpus,
         network=record.network,
+        expires_at=record.expires_at,
+        disk_mib=record.disk_mib,
+        disk_bytes=disk_bytes,
         limits=limits_of(record.qemu_pid) if record.state == SessionState.RUNNING else None,
+        egress={key: list(record.egress.get(key, [])) for key in ("allow", "deny")},
     )
 
 
@@ -42,7 +46,7 @@ def limits_of(qemu_pid: int | None) -> Limits | None:
     )
 
 
-def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
+def checkpoint_of(record: CheckpointRecord, disk_bytes: int = 0) -> Checkpoint:
     from .manifest import Manifest  # here: `forkpoint ls` never reads a manifest
 
     manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
@@ -58,4 +62,5 @@ def checkpoint_of(record: CheckpointRecord) -> Checkpoint:
         duration_ms=round(manifest.duration_ms, 1),
         pause_ms=round(manifest.stats.pause_ms, 1),
         guest_ports=manifest.ports,
+        disk_bytes=disk_bytes,
     )

@@ -67,7 +67,9 @@ class Templates:
         cgroup = await asyncio.to_thread(prepare_cgroup, self.home, directory.name, shape)
         machine = await Machine.start(
             qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base,
-            jail=SESSIONLESS, cgroup=cgroup,
+            # Our own image, bounded by the boot timeout: its console stays a file, so a
+            # boot that panics leaves it to read (a session's is a capped ring).
+            jail=SESSIONLESS, cgroup=cgroup, console_file=True,
         )  # fmt: skip
         try:
             async with await AgentClient.connect(

@@ -72,6 +72,10 @@ class Sandbox(SyncTwin):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
+        timeout: float | None = None,
+        disk_mib: int | None = None,
         history: bool = False,
         history_keep: int = 20,
         base_url: str | None = None,
@@ -102,6 +106,7 @@ class Sandbox(SyncTwin):
     def refresh(self) -> Session: ...
     def checkpoint(self, name: str | None = None) -> Checkpoint: ...
     def rollback(self, checkpoint: Checkpoint | str | None = None) -> None: ...
+    def set_timeout(self, seconds: float | None) -> None: ...
     def rollback_preview(
         self, checkpoint: Checkpoint | str | None = None, *, patch: bool = False
     ) -> StateDiff: ...

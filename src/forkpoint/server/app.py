@@ -48,6 +48,7 @@ from forkpoint.requests import (
     Ref,
     RollbackPreviewRequest,
     RollbackRequest,
+    TimeoutRequest,
     UndoRequest,
     describe_invalid,
 )
@@ -173,6 +174,11 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
     async def remove_session(session_id: SessionId) -> Response:
         await runtime.remove(session_id)
         return Response(status_code=204)
+
+    @r.post("/sessions/{session_id}/timeout", tags=["sessions"])
+    async def set_timeout(session_id: SessionId, body: TimeoutRequest) -> Session:
+        """The session is removed ``timeout_s`` seconds from now (null: never)."""
+        return await runtime.set_timeout(session_id, body.timeout_s)
 
     @r.post("/sessions/{session_id}/rollback", tags=["sessions"])
     async def rollback(session_id: SessionId, body: RollbackRequest) -> Session:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from forkpoint.vm.build import QemuBuild
+from forkpoint.vm.console import chardev
 from forkpoint.vm.fdsets import FDSET_PREFIX
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
@@ -40,6 +41,7 @@ def build_argv(
     *,
     network: bool,
     incoming: bool = False,
+    console_file: bool = False,
 ) -> list[str]:
     """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``).
 
@@ -52,6 +54,8 @@ def build_argv(
     writes it (see :mod:`forkpoint.vm.written`). ``disk``: the top layer's path and its
     read-write and read-only descriptors, inherited under those numbers (QEMU opens the
     layer through them, see :mod:`.fdsets`). ``jail``: who QEMU becomes once set up.
+    ``console_file``: the serial console goes to ``serial.log`` uncapped, not to a capped
+    ring (only for a boot of a trusted image that a timeout bounds; see :mod:`.console`).
     """
     mem = f"{shape.memory_mib}M"
     disk_path, disk_fds = disk
@@ -75,7 +79,7 @@ def build_argv(
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=ag,path={files.agent_socket},server=on,wait=off",
         "-device", "virtserialport,chardev=ag,name=agent",
-        "-chardev", f"file,id=ser0,path={files.serial_log},append=on",
+        "-chardev", chardev(files, ring=not console_file),
         "-serial", "chardev:ser0",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
         "-pidfile", str(files.pidfile),
