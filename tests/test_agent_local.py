@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import resource
+import secrets
 import shutil
 import struct
 import subprocess
@@ -28,6 +29,7 @@ from forkpoint.agent_client import AgentClient, fresh_identity
 from forkpoint.config import Home
 from forkpoint.errors import AgentError, CommandTimeout, Conflict, InvalidInput, NotFound
 from forkpoint.protocol import (
+    CHUNK_BYTES,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     SYNC,
@@ -677,3 +679,24 @@ def test_agent_pool_shares_one_connection_per_session(tmp_path: Path, guest_root
             await agent.stop()
 
     asyncio.run(main())
+
+
+def test_scan_streams_a_tree_larger_than_a_chunk(tmp_path: Path, guest_root: Path) -> None:
+    from forkpoint.runtime.diffs import parse_scan
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(6000):  # random names: ≈ 0.5 MB compressed, several chunks
+        (tree / f"{i}-{secrets.token_hex(60)}").write_bytes(b"")
+
+    async def body(agent: LocalAgent, c: AgentClient) -> None:
+        result = await c.scan([str(tree)], [])
+        assert result.paths_bytes + result.numbers_bytes > CHUNK_BYTES  # several chunks
+        assert result.count == 6001 and result.processes
+        files = parse_scan(result).files
+        assert len(files) == 6001 and files[str(tree)].kind == "dir"
+        assert all(
+            meta.kind == "file" and meta.size == 0 for p, meta in files.items() if p != str(tree)
+        )
+
+    run(tmp_path, guest_root, body)

@@ -44,9 +44,10 @@ def _scan(root: Path, processes: list[ProcessInfo], listening: list[ListeningSoc
     import zlib
 
     paths, numbers, count = guest_scan.walk([str(root)], [str(root / "skipped")])
+    packed = zlib.compress(paths), zlib.compress(numbers)
     return ScanResult(
-        paths=base64.b64encode(zlib.compress(paths)).decode(),
-        numbers=base64.b64encode(zlib.compress(numbers)).decode(),
+        paths=base64.b64encode(packed[0]).decode(), numbers=base64.b64encode(packed[1]).decode(),
+        paths_bytes=len(packed[0]), numbers_bytes=len(packed[1]),
         count=count, processes=processes, listening=listening,
     )  # fmt: skip
 

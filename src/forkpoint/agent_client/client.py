@@ -7,6 +7,7 @@ pair of streams). Requests carry ids, so many can run at once over the connectio
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import enum
 import fcntl
@@ -19,7 +20,7 @@ import struct
 import termios
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import TracebackType
 from typing import IO, Any, Final, TypeVar
@@ -732,10 +733,25 @@ class AgentClient:
         return (await self._simple(Op.PS, Empty(), PsResult)).processes
 
     async def scan(self, roots: list[str], exclude: list[str]) -> ScanResult:
-        """The file tree under ``roots`` (packed, see ``ScanResult``), the processes and
-        the listening TCP sockets."""
-        return await self._simple(
-            Op.SCAN, _model(ScanArgs, roots=roots, exclude=exclude), ScanResult
+        """The file tree under ``roots`` (packed, see ``ScanResult``; streamed, gathered
+        here into ``paths``/``numbers``), the processes and the listening TCP sockets."""
+        received = bytearray()
+
+        async def on_event(kind: EventKind, data: bytes) -> None:
+            if kind == EventKind.CHUNK:
+                received.extend(data)
+
+        args = _model(ScanArgs, roots=roots, exclude=exclude)
+        result = self._decode(ScanResult, await self._call(Op.SCAN, args, on_event=on_event))
+        if len(received) != result.paths_bytes + result.numbers_bytes:
+            raise AgentError(
+                f"scan: agent announced {result.paths_bytes + result.numbers_bytes} bytes, "
+                f"sent {len(received)}"
+            )
+        return replace(
+            result,
+            paths=base64.b64encode(received[: result.paths_bytes]).decode("ascii"),
+            numbers=base64.b64encode(received[result.paths_bytes :]).decode("ascii"),
         )
 
     async def kill(self, pid: int, signal: int | str = "TERM", *, group: bool = False) -> None:

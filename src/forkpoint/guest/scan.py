@@ -5,20 +5,20 @@ it sends no content hashes: inode and ctime are the fingerprint. Any write, rena
 chmod or chown changes a file's ctime, and ctime cannot be set from user space, so two
 scans of one filesystem lineage (a session and a fork of its checkpoint) see equal
 fingerprints exactly where nothing was touched. The paths and the numbers are packed
-(NUL-terminated bytes; int64 arrays) and zlib-compressed: the walk does no formatting.
+(NUL-terminated bytes; int64 arrays), zlib-compressed and streamed as chunk events (no
+frame limit on the tree's size): the walk does no formatting.
 """
 
 from __future__ import annotations
 
 import array
-import base64
 import os
 import stat
 import time
 import zlib
 
-from ..protocol import Empty, ListeningSocket, ScanArgs, ScanResult
-from .context import Context
+from ..protocol import CHUNK_BYTES, Empty, EventKind, ListeningSocket, ScanArgs, ScanResult
+from .context import ConnectionGone, Context
 from .procs import ProcessOps
 
 __all__ = ["ScanOps", "listening_sockets", "walk"]
@@ -131,11 +131,16 @@ class ScanOps:
         processes = self._procs.ps(ctx, Empty()).processes  # before the walk: fewer races
         listening = listening_sockets()
         paths, numbers, count = walk(list(args.roots), list(args.exclude))
+        packed_paths, packed_numbers = zlib.compress(paths, 1), zlib.compress(numbers, 1)
+        data = packed_paths + packed_numbers
+        for offset in range(0, len(data), CHUNK_BYTES):
+            if not ctx.emit(EventKind.CHUNK, data[offset : offset + CHUNK_BYTES]):
+                raise ConnectionGone
         return ScanResult(
-            paths=base64.b64encode(zlib.compress(paths, 1)).decode("ascii"),
-            numbers=base64.b64encode(zlib.compress(numbers, 1)).decode("ascii"),
             count=count,
             processes=processes,
             listening=listening,
             duration_ms=round((time.monotonic() - started) * 1000, 1),
+            paths_bytes=len(packed_paths),
+            numbers_bytes=len(packed_numbers),
         )

@@ -692,17 +692,21 @@ class ListeningSocket:
 
 @dataclass(frozen=True, slots=True)
 class ScanResult:
-    """The walk, as base64 of zlib-compressed bytes: ``paths``, each followed by a NUL,
-    and ``numbers``, four int64s per path in the guest's byte order (x86: little-endian):
-    size, ``st_mode``, inode, ctime (ns). Equal inode and ctime: unchanged.
-    ``count`` entries; ``duration_ms`` the scan's time in the guest."""
+    """The walk, as zlib-compressed bytes: ``paths``, each followed by a NUL, and
+    ``numbers``, four int64s per path in the guest's byte order (x86: little-endian):
+    size, ``st_mode``, inode, ctime (ns). Equal inode and ctime: unchanged. The agent
+    streams them as ``chunk`` events (first ``paths_bytes``, then ``numbers_bytes``; no
+    frame limit on the tree's size); the host puts them here as base64 (``paths``,
+    ``numbers``). ``count`` entries; ``duration_ms`` the scan's time in the guest."""
 
-    paths: str
-    numbers: str
     count: int
     processes: list[ProcessInfo]
     listening: list[ListeningSocket]
     duration_ms: float = 0.0
+    paths_bytes: int = 0
+    numbers_bytes: int = 0
+    paths: str = ""
+    numbers: str = ""
 
 
 OPS: Final[dict[Op, tuple[type, type]]] = {
