@@ -8,12 +8,17 @@
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
+    │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
     │   └── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
         ├── QemuError               carries ``log_tail`` from QEMU's own log
         ├── AgentError              the in-guest agent misbehaved or went away
         └── ImageBuildError         building an image failed (``log_tail``)
+
+An error that waiting may cure answers HTTP 429 with a ``Retry-After`` header: any class
+with ``http_status = 429`` (``retry_after_s`` seconds, 1 unless the class or the error
+says otherwise).
 
 Every error has a stable ``code`` string (used in ``{"error": {"code", "message", …}}``),
 a CLI ``exit_code`` and an ``http_status``. Messages are one line. The structured fields
@@ -29,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "AgentError",
+    "Busy",
     "CommandTimeout",
     "Conflict",
     "ForkpointError",
@@ -52,6 +58,8 @@ class ForkpointError(Exception):
     http_status = 500
     #: Structured fields of this class, beyond ``message`` and ``log_tail``.
     fields: tuple[str, ...] = ()
+    #: For a 429: when a retry may succeed (HTTP ``Retry-After``); None: 1 s.
+    retry_after_s: float | None = None
 
     def __init__(self, message: str, *, log_tail: str = "") -> None:
         super().__init__(message)
@@ -110,6 +118,19 @@ class Conflict(ForkpointError):
 
 class InUse(Conflict):
     code = "in_use"
+
+
+class Busy(Conflict):
+    """A limit of the API server (running sessions, operations at once) says not now;
+    nothing was started. Retry after ``retry_after_s`` seconds (HTTP 429, Retry-After)."""
+
+    code = "busy"
+    http_status = 429
+    fields = ("retry_after_s",)
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class IncompatibleCheckpoint(Conflict):
