@@ -4,7 +4,9 @@
 
     ForkpointError                  exit 5, HTTP 500 (base: something went wrong)
     ├── InvalidInput                exit 2, HTTP 400  fix the request and retry
-    │   └── UnknownPackage          an image recipe names a package Debian lacks
+    │   ├── UnknownPackage          an image recipe names a package Debian lacks
+    │   └── GuestRefused            HTTP 409: the guest said no (a directory where a file
+    │                               was meant, permission denied, directory not empty, …)
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
@@ -38,6 +40,7 @@ __all__ = [
     "CommandTimeout",
     "Conflict",
     "ForkpointError",
+    "GuestRefused",
     "ImageBuildError",
     "InUse",
     "IncompatibleCheckpoint",
@@ -102,6 +105,16 @@ class UnknownPackage(InvalidInput):
     def __init__(self, package: str) -> None:
         super().__init__(f"unknown Debian package: {package}")
         self.package = package
+
+
+class GuestRefused(InvalidInput):
+    """A well-formed request the guest refused with its files and processes as they are:
+    a directory where a file was meant, permission denied, a directory not empty. HTTP
+    409 (the target's state, not the request's form, is the problem); still an
+    InvalidInput to callers, who fix the request."""
+
+    code = "guest_refused"
+    http_status = 409
 
 
 class NotFound(ForkpointError):

@@ -14,12 +14,14 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     StringConstraints,
     Tag,
+    TypeAdapter,
     ValidationError,
     WithJsonSchema,
     model_validator,
@@ -46,6 +48,7 @@ __all__ = [
     "ForegroundExecRequest",
     "ForkCount",
     "ForkRequest",
+    "GuestPath",
     "GuestPort",
     "MemoryMiB",
     "Name",
@@ -91,10 +94,33 @@ Env = Annotated[
 ]  # fmt: skip
 # Exactly what base64.b64decode(validate=True) accepts.
 _BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_Arg = Annotated[str, StringConstraints(pattern=_NO_NUL, max_length=65536)]
+_Program = Annotated[str, StringConstraints(pattern=_NO_NUL, min_length=1, max_length=65536)]
+
+
+def _schema_of(kind: Any) -> dict[str, Any]:
+    return TypeAdapter(kind).json_schema()
+
+
+def _program_named(argv: list[str]) -> list[str]:
+    if not argv[0]:
+        raise ValueError("the program (the command's first item) cannot be empty")
+    return argv
+
+
 Command = Annotated[
     Annotated[
-        list[Annotated[str, StringConstraints(pattern=_NO_NUL, max_length=65536)]],
+        list[_Arg],
         Field(min_length=1),
+        AfterValidator(_program_named),
+        WithJsonSchema(
+            {
+                "type": "array",
+                "minItems": 1,
+                "prefixItems": [_schema_of(_Program)],
+                "items": _schema_of(_Arg),
+            }
+        ),
     ]
     | Annotated[str, StringConstraints(pattern=_NO_NUL, min_length=1, max_length=1 << 20)],
     Field(description="An argv list (run directly) or a string (run by /bin/sh -c)."),
@@ -106,12 +132,22 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _distinct(ports: tuple[int, ...]) -> tuple[int, ...]:
+    if len(set(ports)) != len(ports):
+        raise ValueError("a guest port is listed twice")
+    return ports
+
+
 class CreateSessionRequest(_Request):
     image: Name = "default"
     memory_mib: MemoryMiB = 512
     cpus: Cpus = 1
     name: Name | None = None
-    ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
+    ports: Annotated[
+        tuple[GuestPort, ...],
+        Field(max_length=MAX_PORTS, json_schema_extra={"uniqueItems": True}),
+        AfterValidator(_distinct),
+    ] = ()
     network: Network = Network.USER
 
 

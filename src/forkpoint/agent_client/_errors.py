@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from ..errors import AgentError, CommandTimeout, Conflict, ForkpointError, InvalidInput, NotFound
+from ..errors import (
+    AgentError,
+    CommandTimeout,
+    Conflict,
+    ForkpointError,
+    GuestRefused,
+    InvalidInput,
+    NotFound,
+)
 from ..protocol import ErrorCode, ErrorInfo
 
 __all__ = ["error_from_agent"]
@@ -26,7 +34,9 @@ def error_from_agent(
             "the image and create a new session)"
         )
     if code in (ErrorCode.INVALID_INPUT, ErrorCode.PERMISSION_DENIED):
-        return InvalidInput(message)
+        # The host checked the arguments before sending them: what the agent still
+        # refuses is the guest's state (is a directory, permission denied, ...).
+        return GuestRefused(message)
     if code == ErrorCode.TOO_LARGE:
         return InvalidInput(f"{op}: {message}")
     if code == ErrorCode.TIMEOUT and command is not None and timeout_s is not None:

@@ -58,6 +58,7 @@ from . import processes
 from .agents import AgentPool
 from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .hostfit import check_host_fits
 from .lineage import lineage, rollback_target
 from .machines import (
     AGENT_READY_TIMEOUT_S,
@@ -117,7 +118,11 @@ class Runtime(Queries):
         return self._checkpoints.files(checkpoint_id)
 
     def _machine(self, image: str, memory_mib: int, cpus: int) -> tuple[Image, MachineShape]:
-        """The image and the machine shape to run it on (blocking: may probe KVM)."""
+        """The image and the machine shape to run it on (blocking: may probe KVM).
+
+        :raises Conflict: the host has less memory (RAM + swap) or fewer CPUs than that.
+        """
+        check_host_fits(memory_mib, cpus)
         found = get_image(image, self.home.images)
         accel = detect_accel(self.build, self.home.cache, found.kernel)
         return found, MachineShape.for_build(self.build, accel, memory_mib, cpus)

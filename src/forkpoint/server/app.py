@@ -53,6 +53,7 @@ from forkpoint.requests import (
     CreateSessionRequest,
     ExecRequest,
     ForkRequest,
+    GuestPath,
     PortRequest,
     Ref,
     RollbackRequest,
@@ -88,9 +89,7 @@ _STATUS_CODES = {
 
 SessionId = Annotated[Ref, PathParam(description="Session id or name.")]
 CheckpointId = Annotated[Ref, PathParam(description="Checkpoint id or name.")]
-GuestPathQuery = Annotated[
-    str, Query(min_length=1, max_length=4096, description="Absolute path in the guest.")
-]
+GuestPathQuery = Annotated[GuestPath, Query()]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 408, 409, 413, 422)
 }
@@ -312,7 +311,7 @@ def _router(
     async def exec_command(
         session_id: SessionId, body: ExecRequest
     ) -> CommandResult | BackgroundProcess:
-        command: str | list[str] = body.command
+        command = body.command if isinstance(body.command, str) else list(body.command)
         if isinstance(body, BackgroundExecRequest):
             return await runtime.spawn(session_id, command, cwd=body.cwd, env=body.env)
         return await runtime.exec(
