@@ -65,7 +65,7 @@ def home() -> Home:
 
 # -- what one API server admits ----------------------------------------------------------
 
-MAX_WAIT_S = 30.0  # the longest any control request may be told to wait (``?wait=``)
+MAX_WAIT_S = 8.0  # the longest a heavy request may be told to wait (``?wait=``)
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ class ApiLimits:
     default 32). ``max_heavy``: create, fork, checkpoint and rollback calls running at once
     (``FORKPOINT_API_MAX_HEAVY``, default the number of CPUs, at least 2). ``wait_s``: how
     long such a call waits for its result before answering 202 with an operation to poll
-    (``FORKPOINT_API_WAIT``, default 10 s, at most 30; a request's ``?wait=`` overrides).
+    (``FORKPOINT_API_WAIT``, default 5 s, at most 8; a request's ``?wait=`` overrides).
     """
 
     max_sessions: int = 32
     max_heavy: int = max(2, os.cpu_count() or 2)
-    wait_s: float = 10.0
+    wait_s: float = 5.0
 
     @classmethod
     def from_env(cls) -> ApiLimits:

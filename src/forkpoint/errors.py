@@ -8,6 +8,7 @@
     │   └── GuestRefused            HTTP 409: the guest said no (a directory where a file
     │                               was meant, permission denied, directory not empty, …)
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
+    │   └── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
     │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
@@ -38,6 +39,7 @@ __all__ = [
     "AgentError",
     "Busy",
     "CommandTimeout",
+    "CommandNotFound",
     "Conflict",
     "ForkpointError",
     "GuestRefused",
@@ -121,6 +123,14 @@ class NotFound(ForkpointError):
     code = "not_found"
     exit_code = 3
     http_status = 404
+
+
+class CommandNotFound(NotFound):
+    """A command's program or working directory is not in the guest. HTTP 409, not 404:
+    the request's target (the session) exists; a 404 would say it did not."""
+
+    code = "command_not_found"
+    http_status = 409
 
 
 class Conflict(ForkpointError):

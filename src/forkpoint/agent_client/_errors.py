@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import (
     AgentError,
+    CommandNotFound,
     CommandTimeout,
     Conflict,
     ForkpointError,
@@ -11,9 +12,11 @@ from ..errors import (
     InvalidInput,
     NotFound,
 )
-from ..protocol import ErrorCode, ErrorInfo
+from ..protocol import ErrorCode, ErrorInfo, Op
 
 __all__ = ["error_from_agent"]
+
+_RUNS_A_COMMAND = frozenset({Op.EXEC, Op.SPAWN, Op.PROC_START})
 
 
 def error_from_agent(
@@ -25,6 +28,8 @@ def error_from_agent(
     """
     code, message = error.code, error.message
     if code == ErrorCode.NOT_FOUND:
+        if op in _RUNS_A_COMMAND:  # "command not found", "working directory not found"
+            return CommandNotFound(message)
         return NotFound(message)
     if code == ErrorCode.CONFLICT:
         return Conflict(message)
@@ -37,6 +42,10 @@ def error_from_agent(
         # The host checked the arguments before sending them: what the agent still
         # refuses is the guest's state (is a directory, permission denied, ...).
         return GuestRefused(message)
+    if code == ErrorCode.IO_ERROR:
+        # The guest's own filesystem or network said no (EBUSY removing /dev, ENOSPC,
+        # EROFS, a refused guest port): its state, not a failure of forkpoint.
+        return GuestRefused(f"{op}: {message}")
     if code == ErrorCode.TOO_LARGE:
         return InvalidInput(f"{op}: {message}")
     if code == ErrorCode.TIMEOUT and command is not None and timeout_s is not None:

@@ -67,12 +67,12 @@ class OperationState(StrEnum):
 @dataclass(frozen=True)
 class Operation:
     """A create, fork, checkpoint or rollback that outlasted its request's ``wait``: the
-    API answered 202 with this, and ``GET /v1/operations/{id}`` shows how it goes.
+    API answered 202 with this, and ``GET /v1/operations/{operation_id}`` shows how it goes.
     ``target``: the session (checkpoint, rollback) or checkpoint (fork) it works on.
     Once ``succeeded``, ``result`` is what the request would have answered (a session, a
     checkpoint, or a fork's list); once ``failed``, ``error`` says why."""
 
-    id: str
+    operation_id: str
     kind: OperationKind
     state: OperationState
     created_at: str

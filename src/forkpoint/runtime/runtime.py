@@ -53,6 +53,7 @@ from forkpoint.store import (
     validate_name,
 )
 from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
+from forkpoint.vm.process import is_running
 
 from . import processes
 from .agents import AgentPool
@@ -472,6 +473,11 @@ class Runtime(Queries):
     async def _connect_agent(self, record: SessionRecord) -> AgentClient:
         files = self.files(record.id)
         async with session_lock_async(self.home, record.id):
+            if not is_running(record.qemu_pid, files.name):
+                # Its QEMU exited since it was looked up (the guest rebooted or panicked).
+                raise Conflict(
+                    f"session {record.id} has crashed; roll it back: forkpoint rollback {record.id}"
+                )
             # A forkpoint process killed mid-checkpoint leaves the VM paused: resume it.
             machine = await Machine.adopt(files, record.qemu_pid or 0)
             try:

@@ -11,7 +11,7 @@ values. Where the requests go is only the transport's business (httpx's design):
 Errors come back as the :mod:`forkpoint.errors` class the server raised, with the same
 structured fields (``ForkpointError.from_dict``).
 
-Create, fork, checkpoint and rollback answer within the server's bound (10 s by default)
+Create, fork, checkpoint and rollback answer within the server's bound (5 s by default)
 or with 202 and an operation; :meth:`ApiClient._long` then polls the operation until it
 ends, so callers see one call that returns the result or raises its error either way.
 """
@@ -150,7 +150,9 @@ class ApiClient:
         while operation.get("state") == "running":
             await asyncio.sleep(interval)
             interval = min(interval * 2, _POLL_MAX_S)
-            operation = (await self._request("GET", f"/operations/{_seg(operation['id'])}")).json()
+            operation = (
+                await self._request("GET", f"/operations/{_seg(operation['operation_id'])}")
+            ).json()
         if operation.get("state") != "succeeded":
             raise error_from_response(500, {"error": operation.get("error")})
         return adapter.validate_python(operation.get("result"))

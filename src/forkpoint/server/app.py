@@ -90,6 +90,15 @@ _STATUS_CODES = {
 SessionId = Annotated[Ref, PathParam(description="Session id or name.")]
 CheckpointId = Annotated[Ref, PathParam(description="Checkpoint id or name.")]
 GuestPathQuery = Annotated[GuestPath, Query()]
+# What remove_file accepts: not the root (the agent refuses "/", "//", ...).
+RemovablePathQuery = Annotated[
+    str,
+    Query(
+        pattern=r"^/[^\x00]*[^/\x00][^\x00]*$",
+        max_length=4096,
+        description="An absolute path in the guest, not /.",
+    ),
+]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 408, 409, 413, 422)
 }
@@ -117,7 +126,7 @@ _HEAVY: dict[int | str, dict[str, Any]] = {
         "links": {
             "GetOperation": {
                 "operationId": "get_operation",
-                "parameters": {"operation_id": "$response.body#/id"},
+                "parameters": {"operation_id": "$response.body#/operation_id"},
             }
         },
     },
@@ -236,7 +245,7 @@ def _router(
         return JSONResponse(
             _OPERATION.dump_python(operation, mode="json"),
             status_code=202,
-            headers={"location": f"/v1/operations/{operation.id}", "retry-after": "1"},
+            headers={"location": f"/v1/operations/{operation.operation_id}", "retry-after": "1"},
         )
 
     @r.get("/health", tags=["meta"])
@@ -257,7 +266,11 @@ def _router(
 
         return await heavy(OperationKind.CREATE, None, work, wait, new_sessions=1)  # type: ignore[no-any-return]
 
-    @r.get("/sessions", tags=["sessions"])
+    @r.get(
+        "/sessions",
+        tags=["sessions"],
+        responses={200: {"links": _session_links("$response.body#/0/id")}},
+    )
     async def list_sessions() -> list[Session]:
         return await asyncio.to_thread(runtime.list_sessions)
 
@@ -278,7 +291,7 @@ def _router(
     async def rollback(
         session_id: SessionId, body: RollbackRequest, wait: Wait = default_wait
     ) -> Session:
-        session = await asyncio.to_thread(runtime.get, session_id)
+        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
         reviving = session.state not in (SessionState.RUNNING, SessionState.CREATING)
 
         async def work() -> Session:
@@ -384,7 +397,7 @@ def _router(
         return Response(status_code=204)
 
     @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"])
-    async def remove_file(session_id: SessionId, path: GuestPathQuery) -> Response:
+    async def remove_file(session_id: SessionId, path: RemovablePathQuery) -> Response:
         await runtime.remove_file(session_id, path)
         return Response(status_code=204)
 
@@ -409,12 +422,18 @@ def _router(
     async def checkpoint(
         session_id: SessionId, body: CheckpointRequest, wait: Wait = default_wait
     ) -> Checkpoint:
+        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+
         async def work() -> Checkpoint:
             return await runtime.checkpoint(session_id, body.name)
 
-        return await heavy(OperationKind.CHECKPOINT, session_id, work, wait)  # type: ignore[no-any-return]
+        return await heavy(OperationKind.CHECKPOINT, session.id, work, wait)  # type: ignore[no-any-return]
 
-    @r.get("/checkpoints", tags=["checkpoints"])
+    @r.get(
+        "/checkpoints",
+        tags=["checkpoints"],
+        responses={200: {"links": _checkpoint_links("$response.body#/0/id", rollback=False)}},
+    )
     async def list_checkpoints(
         session: Annotated[Ref | None, Query(description="Only this session's.")] = None,
     ) -> list[Checkpoint]:
@@ -438,12 +457,14 @@ def _router(
     async def fork(
         checkpoint_id: CheckpointId, body: ForkRequest, wait: Wait = default_wait
     ) -> list[Session | ErrorResponse]:
+        source = await asyncio.to_thread(runtime.get_checkpoint, checkpoint_id)  # 404 first
+
         async def work() -> list[Session | ErrorResponse]:
             results = await runtime.fork(checkpoint_id, body.count)
             return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
 
         return await heavy(  # type: ignore[no-any-return]
-            OperationKind.FORK, checkpoint_id, work, wait, new_sessions=body.count
+            OperationKind.FORK, source.id, work, wait, new_sessions=body.count
         )
 
     # -- operations --------------------------------------------------------------------
@@ -498,12 +519,18 @@ def _session_links(session_id: str) -> dict[str, Any]:
     return links
 
 
-def _checkpoint_links() -> dict[str, Any]:
-    checkpoint_id = "$response.body#/id"
+def _checkpoint_links(
+    checkpoint_id: str = "$response.body#/id", *, rollback: bool = True
+) -> dict[str, Any]:
+    """Links from a checkpoint's id to the operations on it (and, from the request that
+    made it, to rolling its session back to it)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
         for target in ("get_checkpoint", "remove_checkpoint", "fork")
     }
+    links["Fork"]["requestBody"] = {"count": 1}
+    if not rollback:
+        return links
     links["RollbackTo"] = {
         "operationId": "rollback",
         "parameters": {"session_id": "$request.path.session_id"},

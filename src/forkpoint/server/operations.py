@@ -4,7 +4,7 @@ Create, fork, checkpoint and rollback usually take well under a second, but a fo
 VMs, a first create of a new machine shape (it boots a template) or a checkpoint of a
 large guest can take minutes under TCG — longer than a client can tell from a hung
 server. So each runs as a task of this server; the request waits for it at most ``wait``
-seconds (``?wait=``, default 10), then answers the result as always, or **202 Accepted**
+seconds (``?wait=``, default 5, at most 8), then answers the result as always, or **202 Accepted**
 with an :class:`~forkpoint.models.Operation` (``Location: /v1/operations/{id}``) that the
 client polls with ``GET /v1/operations/{id}`` until its ``state`` is ``succeeded``
 (``result``: what the request would have answered) or ``failed`` (``error``). The task
@@ -74,40 +74,40 @@ class Operations:
         operation's ``result``.
         """
         operation = Operation(
-            id=f"op-{secrets.token_hex(5)}",
+            operation_id=f"op-{secrets.token_hex(5)}",
             kind=kind,
             state=OperationState.RUNNING,
             target=target,
             created_at=_now(),
         )
         self._forget_old()
-        self._ops[operation.id] = operation
+        self._ops[operation.operation_id] = operation
 
         async def runner() -> Any:
             try:
                 value = await work()
             except ForkpointError as error:
-                self._finish(operation.id, error=ErrorDetail(**error.to_dict()))
+                self._finish(operation.operation_id, error=ErrorDetail(**error.to_dict()))
                 raise
             except Exception as error:  # recorded, then re-raised to the waiting request
                 detail = InternalError(f"internal error: {type(error).__name__}: {error}")
-                self._finish(operation.id, error=ErrorDetail(**detail.to_dict()))
+                self._finish(operation.operation_id, error=ErrorDetail(**detail.to_dict()))
                 raise
             finally:
                 on_done()
-            self._finish(operation.id, result=to_result(value))
+            self._finish(operation.operation_id, result=to_result(value))
             return value
 
-        task = asyncio.create_task(runner(), name=f"forkpoint-{operation.id}")
+        task = asyncio.create_task(runner(), name=f"forkpoint-{operation.operation_id}")
         self._tasks.add(task)
         task.add_done_callback(self._reap)
         done, _ = await asyncio.wait({task}, timeout=wait_s)
         if done:
             # Answered directly: the request's own response says how it ended.
-            self._ops.pop(operation.id, None)
-            self._finished_at.pop(operation.id, None)
+            self._ops.pop(operation.operation_id, None)
+            self._finished_at.pop(operation.operation_id, None)
             return task.result(), None
-        return None, self._ops[operation.id]
+        return None, self._ops[operation.operation_id]
 
     def _reap(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
