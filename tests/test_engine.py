@@ -286,7 +286,7 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
             machine = await Machine.adopt(files, record.qemu_pid or 0)
             try:
                 with pytest.raises(QemuError) as info:
-                            await machine.checkpoint(
+                    await machine.checkpoint(
                         rt.home.layers / new_layer_name(), Path("/dev/full"),
                         rt.checkpoint_files(str(record.parent_checkpoint)).ram,
                         tmp_path / "unused-ram",
