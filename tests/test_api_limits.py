@@ -396,3 +396,17 @@ def test_shapes_larger_than_the_host_are_refused_up_front(tmp_path: Path) -> Non
     with pytest.raises(Conflict, match="CPUs"):
         check_host_fits(128, 10_000)
     check_host_fits(128, 1)
+
+
+def test_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKPOINT_API_MAX_SESSIONS", "3")
+    monkeypatch.setenv("FORKPOINT_API_WAIT", "0.5")
+    limits = ApiLimits.from_env()
+    assert (limits.max_sessions, limits.wait_s) == (3, 0.5)
+    monkeypatch.setenv("FORKPOINT_API_MAX_HEAVY", "lots")
+    with pytest.raises(InvalidInput, match="FORKPOINT_API_MAX_HEAVY"):
+        create_app(FakeRuntime())  # type: ignore[arg-type]
+    monkeypatch.setenv("FORKPOINT_API_MAX_HEAVY", "1")
+    monkeypatch.setenv("FORKPOINT_API_WAIT", "60")
+    with pytest.raises(InvalidInput, match="FORKPOINT_API_WAIT"):
+        create_app(FakeRuntime())  # type: ignore[arg-type]

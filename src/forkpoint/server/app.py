@@ -32,7 +32,7 @@ from starlette.types import Scope
 
 from forkpoint import __version__
 from forkpoint.config import MAX_WAIT_S, ApiLimits
-from forkpoint.errors import ForkpointError
+from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
@@ -165,8 +165,13 @@ def create_app(
     """The ASGI app serving ``runtime``. With ``token``, every request but ``/v1/health``
     needs ``Authorization: Bearer <token>``. Body caps in bytes; ``limits``: what it
     admits (default: from the environment, :meth:`ApiLimits.from_env`)."""
+    if limits is None:
+        try:
+            limits = ApiLimits.from_env()
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
     admission = Admission(
-        limits or ApiLimits.from_env(),
+        limits,
         lambda: count_live([session.state for session in runtime.list_sessions()]),
     )
     operations = Operations()
@@ -495,7 +500,7 @@ _SESSION_TARGETS = {
     "processes": {},
     "read_file": {"path": "/etc/hostname"},
     "write_file": {},
-    "remove_file": {},
+    "remove_file": {"path": "/var/tmp"},
     "list_files": {"path": "/"},
     "forward_port": {},
     "checkpoint": {},
@@ -515,6 +520,13 @@ def _session_links(session_id: str) -> dict[str, Any]:
     links["ListCheckpoints"] = {
         "operationId": "list_checkpoints",
         "parameters": {"session": session_id},
+    }
+    # A background process to signal (exec's answer links its pid to kill_process).
+    links["StartBackground"] = {
+        "operationId": "exec_command",
+        "parameters": {"session_id": session_id},
+        "requestBody": {"command": ["sleep", "600"], "background": True},
+        "x-schemathesis": {"merge_body": False},
     }
     return links
 
