@@ -410,3 +410,18 @@ def test_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORKPOINT_API_WAIT", "60")
     with pytest.raises(InvalidInput, match="FORKPOINT_API_WAIT"):
         create_app(FakeRuntime())  # type: ignore[arg-type]
+
+
+@sync
+async def test_a_client_that_hangs_up_leaves_the_slot_to_the_work() -> None:
+    runtime = FakeRuntime(delay=0.3)
+    async with _client(runtime, max_heavy=1) as client:
+        request = asyncio.ensure_future(client.post("/v1/sessions", json={}))
+        await asyncio.sleep(0.1)
+        request.cancel()  # the client goes away mid-wait
+        await asyncio.sleep(0)
+        busy = await client.post("/v1/sessions", json={})
+        assert busy.status_code == 429  # the create still runs, and holds its slot
+        await asyncio.sleep(0.4)
+        assert runtime.started == 1
+        assert (await client.post("/v1/sessions", json={})).status_code == 201

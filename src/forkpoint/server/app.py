@@ -238,13 +238,11 @@ def _router(
     ) -> Any:  # fmt: skip
         """Admit, run and wait (bounded) for one heavy operation: its value, or a 202."""
         ticket = await admission.admit(new_sessions)
-        try:
-            value, operation = await operations.run(
-                kind, target, work, wait, on_done=ticket.release,
-            )  # fmt: skip
-        except BaseException:
-            ticket.release()  # idempotent: the task released it already if it started
-            raise
+        # The slot is the task's from here: released when the work ends, not when this
+        # request does (a client that hangs up does not stop the work, nor free its slot).
+        value, operation = await operations.run(
+            kind, target, work, wait, on_done=ticket.release,
+        )  # fmt: skip
         if operation is None:
             return value
         return JSONResponse(

@@ -98,7 +98,11 @@ class Operations:
             self._finish(operation.operation_id, result=to_result(value))
             return value
 
-        task = asyncio.create_task(runner(), name=f"forkpoint-{operation.operation_id}")
+        try:
+            task = asyncio.create_task(runner(), name=f"forkpoint-{operation.operation_id}")
+        except BaseException:
+            on_done()
+            raise
         self._tasks.add(task)
         task.add_done_callback(self._reap)
         done, _ = await asyncio.wait({task}, timeout=wait_s)
