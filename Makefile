@@ -7,11 +7,11 @@ FP := $(VENV)/bin/forkpoint
 # so Python clients resolve E2B's <port>-<id>.localhost hosts to 127.0.0.1 and ::1.
 APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium passt \
 	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core \
-	libnss-myhostname
+	libnss-myhostname nftables
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv bytecode image test other-release-smoke demo lint bench clean
+.PHONY: setup apt venv bytecode image test security other-release-smoke demo lint bench clean
 
 setup: apt venv bytecode image
 
@@ -43,6 +43,12 @@ image: apt venv
 
 test: setup
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# The hostile-guest suite's long variants (make test runs the short ones): a minute-long
+# resource storm and an agent impostor that never answers.
+security: setup
+	FORKPOINT_LONG_ATTACKS=1 FORKPOINT_STORM_S=60 $(PY) -m pytest -q -ra \
+	  tests/test_hostile_guest.py tests/test_hostile_agent.py
 
 # The VM smoke tier (pytest -m smoke) inside a root filesystem of the other supported
 # Debian release, built with mmdebstrap and cached under $$FORKPOINT_HOME/cache.

@@ -12,10 +12,13 @@ Debian 13), and are removed when the run passes; a failed run keeps them to look
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 import time
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +34,28 @@ def _use_test_home() -> None:
         if not link.is_symlink():
             link.symlink_to(real.root / shared)
     os.environ["FORKPOINT_HOME"] = str(test_root)
+    _discard_if_foreign(test_root)
+
+
+def _discard_if_foreign(test_root: Path) -> None:
+    """The test home is scratch space: if a newer forkpoint left its database there (a
+    schema this code refuses), throw it away with everything it described, VMs included."""
+    from forkpoint.store.schema import SCHEMA_VERSION
+    from forkpoint.vm.process import kill_and_wait, pids_with_arg
+
+    db = test_root / "forkpoint.db"
+    if not db.exists():
+        return
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version <= SCHEMA_VERSION:
+        return
+    for pid, arg in pids_with_arg(lambda arg: str(test_root) in arg):
+        kill_and_wait(pid, arg)
+    for name in ("sessions", "checkpoints", "layers", "locks"):
+        shutil.rmtree(test_root / name, ignore_errors=True)
+    for suffix in ("", "-wal", "-shm"):
+        (test_root / f"forkpoint.db{suffix}").unlink(missing_ok=True)
 
 
 _use_test_home()

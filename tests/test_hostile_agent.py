@@ -7,6 +7,7 @@ agent back."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -65,7 +66,14 @@ def _rss_mib() -> float:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.parametrize("mode", ["garbage", "giant", "silent"])
+# Silence costs a whole handshake timeout (a minute): a long variant, run by make security.
+LONG = os.environ.get("FORKPOINT_LONG_ATTACKS") == "1"
+SILENT = pytest.param(
+    "silent", marks=pytest.mark.skipif(not LONG, reason="long variant: make security")
+)
+
+
+@pytest.mark.parametrize("mode", ["garbage", "giant", SILENT])
 def test_an_impostor_agent_gets_clear_errors_and_hurts_nobody(mode: str) -> None:
     async def scenario() -> None:
         rt = Runtime.open()

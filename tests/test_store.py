@@ -19,7 +19,7 @@ import pytest
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, InUse, InvalidInput, NotFound
-from forkpoint.models import JAIL_UID_BASE
+from forkpoint.models import JAIL_UID_BASE, JAIL_UIDS
 from forkpoint.store import (
     SCHEMA_VERSION,
     CheckpointKind,
@@ -33,6 +33,7 @@ from forkpoint.store import (
     session_lock,
     session_lock_async,
 )
+from forkpoint.store.db import session_uids
 from forkpoint.store.schema import MIGRATIONS, migrate, schema_version
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -109,7 +110,8 @@ def test_older_database_is_upgraded_and_keeps_its_data(home: Home) -> None:
     with Store.open(home) as store:
         assert store.schema_version == SCHEMA_VERSION
         assert store.layer_chain("old.qcow2") == ["old.qcow2"]
-        assert {s.uid for s in store.list_sessions()} == {JAIL_UID_BASE + 1, JAIL_UID_BASE + 2}
+        first = store.uids.start
+        assert {s.uid for s in store.list_sessions()} == {first, first + 1}
         assert store.get_template("ih", "mk") is None  # the newest table works
 
 
@@ -175,7 +177,10 @@ def test_session_round_trip(store: Store) -> None:
 
 def test_every_session_gets_a_uid_of_its_own(store: Store) -> None:
     a, b = _session(store), _session(store)
-    assert {a.uid, b.uid} == {JAIL_UID_BASE + 1, JAIL_UID_BASE + 2}
+    assert {a.uid, b.uid} == {store.uids.start, store.uids.start + 1}
+    assert store.uids.start > JAIL_UID_BASE and len(store.uids) == JAIL_UIDS
+    # another home on the same host most likely has a block of its own
+    assert session_uids(store.path.parent / "elsewhere") != store.uids
     store.delete_session(a.id)
     assert _session(store).uid == a.uid  # a removed session's uid is free again
     jailed = store.update_session(

@@ -1,5 +1,6 @@
-"""Where forkpoint keeps its state (``$FORKPOINT_HOME`` and its fixed layout), and what
-one API server admits (:class:`ApiLimits`)."""
+"""Where forkpoint keeps its state (``$FORKPOINT_HOME`` and its fixed layout), the limits
+an operator sets through the environment (:class:`HostLimits`, :class:`LimitDefaults`), and
+what one API server admits (:class:`ApiLimits`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TypeVar
 
 N = TypeVar("N", int, float)
 
-__all__ = ["ApiLimits", "Home", "home"]
+__all__ = ["ApiLimits", "Home", "HostLimits", "LimitDefaults", "home", "parse_size"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +109,93 @@ def _env_number(name: str, kind: Callable[[str], N], default: N) -> N:
         return kind(text)
     except ValueError:
         raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+# -- host limits (free disk, session count) -------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"512M"``, ``"1G"``, ``"1.5GiB"``, ``"4096"`` → bytes (binary units).
+
+    :raises ValueError: not a size.
+    """
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in _UNITS else ""
+    number = float(value.removesuffix(unit) if unit else value)
+    if number < 0:
+        raise ValueError(f"negative size: {text!r}")
+    return int(number * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """What the host allows, from the environment (read per operation, so a server picks
+    up no change without a restart — but every CLI call does).
+
+    ``disk_reserve``: free space that create, fork and checkpoint leave on the home's
+    filesystem (``FORKPOINT_DISK_RESERVE``: a size like ``2G`` or a share like ``5%``;
+    default 1 GiB). ``max_sessions``: running sessions at most (``FORKPOINT_MAX_SESSIONS``,
+    default 32).
+    """
+
+    disk_reserve: str = "1G"
+    max_sessions: int = 32
+
+    @classmethod
+    def from_env(cls) -> HostLimits:
+        """:raises ValueError: a variable is set to something that is not a limit."""
+        default = cls()
+        reserve = os.environ.get("FORKPOINT_DISK_RESERVE", "").strip() or default.disk_reserve
+        count = _env_int("FORKPOINT_MAX_SESSIONS", default.max_sessions, 1, 1 << 16)
+        limits = cls(reserve, count)
+        limits.reserve_bytes(1)  # fail now, not in the middle of an operation
+        return limits
+
+    def reserve_bytes(self, filesystem_bytes: int) -> int:
+        """The reserve in bytes on a filesystem of ``filesystem_bytes``."""
+        if self.disk_reserve.endswith("%"):
+            share = float(self.disk_reserve[:-1])
+            if not 0 <= share <= 100:
+                raise ValueError(f"FORKPOINT_DISK_RESERVE must be 0-100 %: {self.disk_reserve}")
+            return int(filesystem_bytes * share / 100)
+        try:
+            return parse_size(self.disk_reserve)
+        except ValueError:
+            raise ValueError(
+                f"FORKPOINT_DISK_RESERVE must be a size (2G) or a share (5%): {self.disk_reserve}"
+            ) from None
+
+
+# -- per-session resource limits (cgroups) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitDefaults:
+    """Per-session limits that do not follow from the machine's shape.
+
+    ``pids_max`` (``FORKPOINT_PIDS_MAX``) bounds QEMU's threads plus passt: QEMU has ≈ 4 +
+    one per vCPU, and up to 64 more in its block I/O pool under load. ``io_weight``
+    (``FORKPOINT_IO_WEIGHT``, cgroup v2's scale 1–10000, 100 = everyone equal).
+    """
+
+    pids_max: int = 256
+    io_weight: int = 100
+
+    @classmethod
+    def from_env(cls) -> LimitDefaults:
+        """:raises ValueError: a variable is set to something out of range (one line)."""
+        return cls(
+            pids_max=_env_int("FORKPOINT_PIDS_MAX", cls.pids_max, 32, 1 << 22),
+            io_weight=_env_int("FORKPOINT_IO_WEIGHT", cls.io_weight, 1, 10000),
+        )
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}, not {raw!r}")
+    return int(raw)

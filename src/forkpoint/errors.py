@@ -12,6 +12,7 @@
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
     │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
+    │   │   └── LimitExceeded       a host limit (free disk reserve, session count) says no
     │   └── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
@@ -48,6 +49,7 @@ __all__ = [
     "IncompatibleCheckpoint",
     "InternalError",
     "InvalidInput",
+    "LimitExceeded",
     "NotFound",
     "QemuError",
     "UnknownPackage",
@@ -151,9 +153,19 @@ class Busy(Conflict):
     http_status = 429
     fields = ("retry_after_s",)
 
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+    retry_after_s: float | None = 1.0
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+
+class LimitExceeded(Busy):
+    """The operation would cross a limit of the host (``config.HostLimits``); nothing was made."""
+
+    code = "limit_exceeded"
+    retry_after_s = 5.0  # a session has to go, or disk be freed
 
 
 class IncompatibleCheckpoint(Conflict):

@@ -30,9 +30,12 @@ from pydantic import (
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
     MAX_CPUS,
+    MAX_DISK_MIB,
+    MAX_EGRESS_RULES,
     MAX_FORKS,
     MAX_MEMORY_MIB,
     MAX_PORTS,
+    MAX_TIMEOUT_S,
     MIN_MEMORY_MIB,
     NAME_PATTERN,
     Network,
@@ -40,6 +43,7 @@ from forkpoint.models import (
 )
 
 __all__ = [
+    "Cidr",
     "CheckpointRequest",
     "Cpus",
     "BackgroundExecRequest",
@@ -55,6 +59,8 @@ __all__ = [
     "PortRequest",
     "Ref",
     "RollbackRequest",
+    "TimeoutRequest",
+    "TimeoutS",
     "describe_invalid",
     "parse",
 ]
@@ -64,6 +70,10 @@ MemoryMiB = Annotated[
     int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB.")
 ]
 Cpus = Annotated[int, Field(ge=1, le=MAX_CPUS, description="Virtual CPUs.")]
+TimeoutS = Annotated[
+    float,
+    Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
+]
 ForkCount = Annotated[int, Field(ge=1, le=MAX_FORKS, description="Sessions to start.")]
 Name = Annotated[
     str,
@@ -127,6 +137,24 @@ Command = Annotated[
 ]
 
 
+def _cidr(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip()))
+    except ValueError as error:
+        raise ValueError(f"{text!r} is not a CIDR ({error})") from None
+
+
+Cidr = Annotated[
+    str,
+    StringConstraints(max_length=64),
+    AfterValidator(_cidr),
+    Field(description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128)."),
+]
+EgressRules = Annotated[tuple[Cidr, ...], Field(max_length=MAX_EGRESS_RULES)]
+
+
 class _Request(BaseModel):
     # Requests reject what they do not know: a misspelt option is an error, not ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -149,6 +177,20 @@ class CreateSessionRequest(_Request):
         AfterValidator(_distinct),
     ] = ()
     network: Network = Network.USER
+    allow_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may reach despite the default egress denies."
+    )
+    deny_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may not reach, on top of the default denies."
+    )
+    timeout_s: TimeoutS | None = None
+    disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB)] | None = None
+
+
+class TimeoutRequest(_Request):
+    """A session's new lifetime, from now; None: it never expires."""
+
+    timeout_s: TimeoutS | None
 
 
 class _ExecBase(_Request):

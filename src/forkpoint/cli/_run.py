@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Timer",
     "describe_checkpoint",
+    "format_bytes",
     "format_ms",
     "parse_env",
     "print_ports",
@@ -88,6 +89,16 @@ def short_time(iso: str) -> str:
 def format_ms(ms: float) -> str:
     """``95 ms`` below 10 s, else ``12.3 s``."""
     return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def format_bytes(n: int) -> str:
+    """``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``1.2 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def _state_style(state: str) -> str:

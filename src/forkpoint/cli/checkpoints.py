@@ -11,6 +11,7 @@ from rich.table import Table
 from forkpoint.cli._run import (
     Timer,
     describe_checkpoint,
+    format_bytes,
     format_ms,
     print_ports,
     print_session,
@@ -34,15 +35,6 @@ def register(app: typer.Typer) -> None:
     app.command("checkpoints")(checkpoints_command)
     app.command("fork")(fork_command)
     app.command("rollback")(rollback_command)
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 @reports_errors
@@ -87,7 +79,7 @@ def checkpoint_command(
     console.print(
         f"[bold green]checkpoint[/] {describe_checkpoint(checkpoint)} of "
         f"[cyan]{checkpoint.session_id}[/] in {format_ms(checkpoint.duration_ms)} "
-        f"[dim](paused {format_ms(checkpoint.pause_ms)}, {_size(checkpoint.size_bytes)})[/]",
+        f"[dim](paused {format_ms(checkpoint.pause_ms)}, {format_bytes(checkpoint.size_bytes)})[/]",
         highlight=False,
     )
 
@@ -126,15 +118,17 @@ def checkpoints_command(
         console.print("no checkpoints: make one with [bold]forkpoint checkpoint SESSION[/]")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "SESSION", "CREATED", "SIZE", "TOOK", "PARENT"):
-        table.add_column(column, no_wrap=True, justify="right" if column == "SIZE" else "left")
+    for column in ("ID", "NAME", "SESSION", "CREATED", "SIZE", "DISK", "TOOK", "PARENT"):
+        right = column in ("SIZE", "DISK")
+        table.add_column(column, no_wrap=True, justify="right" if right else "left")
     for c in checkpoints:
         table.add_row(
             c.id,
             escape(c.name or ""),
             c.session_id,
             short_time(c.created_at),
-            _size(c.size_bytes),
+            format_bytes(c.size_bytes),
+            format_bytes(c.disk_bytes),
             format_ms(c.duration_ms),
             c.parent_checkpoint or "",
         )

@@ -43,6 +43,7 @@ def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
     async def main() -> T:
         runtime = Runtime.open()
         try:
+            await asyncio.to_thread(runtime.upkeep)
             return await operation(runtime)
         finally:
             runtime.close()
@@ -78,7 +79,9 @@ def queries() -> Iterator[Queries]:
     root = home().ensure()
     store = Store.open(root)
     try:
-        yield Queries(root, store)
+        reads = Queries(root, store)
+        reads.upkeep()  # every CLI call ends expired sessions first
+        yield reads
     finally:
         store.close()
 

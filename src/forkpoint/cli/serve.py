@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -56,6 +57,7 @@ def serve_command(
     request needs the bearer token written to $FORKPOINT_HOME/token (printed once).
     """
     from forkpoint.runtime import Runtime
+    from forkpoint.runtime.reaper import upkeep_forever
     from forkpoint.server import bind_tcp, bind_unix, create_app, is_loopback, serve_on, write_token
 
     if socket_path is not None and port is not None:
@@ -83,13 +85,17 @@ def serve_command(
     # From here on SIGTERM unwinds (finally blocks run): the socket file gets removed.
     signal.signal(signal.SIGTERM, _raise_exit)
     runtime = Runtime.open()
+
+    def reaper() -> Coroutine[Any, Any, None]:  # session timeouts and log caps, every second
+        return upkeep_forever(runtime)
+
     try:
         if port is None:
             path = (socket_path or runtime.home.root / "forkpoint.sock").absolute()
             sock = bind_unix(path)
             try:
                 err_console.print(f"forkpoint API on unix:{path}", markup=False, highlight=False)
-                serve_on(create_app(runtime), sock, log_level=log_level)
+                serve_on(create_app(runtime), sock, log_level=log_level, beside=reaper)
             finally:
                 path.unlink(missing_ok=True)
         else:
@@ -104,7 +110,7 @@ def serve_command(
             )
             sys.stdout.write(f"token: {token}\n")  # printed once; also in the token file
             sys.stdout.flush()
-            serve_on(create_app(runtime, token=token), sock, log_level=log_level)
+            serve_on(create_app(runtime, token=token), sock, log_level=log_level, beside=reaper)
     finally:
         runtime.close()
 

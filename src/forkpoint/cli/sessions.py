@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from forkpoint.cli._run import (
     Timer,
+    format_bytes,
     format_ms,
     print_ports,
     print_session,
@@ -21,9 +23,10 @@ from forkpoint.cli._run import (
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.core import get_session, list_sessions
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
+from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from forkpoint.models import Port, Session
+    from forkpoint.models import Limits, Port, Session
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -35,6 +38,8 @@ def register(app: typer.Typer) -> None:
     app.command("show")(show_command)
     app.command("rm")(rm_command)
     app.command("port")(port_command)
+    app.command("timeout")(timeout_command)
+    app.command("console")(console_command)
 
 
 @reports_errors
@@ -52,9 +57,31 @@ def create_command(
     network: Annotated[
         str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
     ] = "user",
+    allow_net: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-net",
+            help="CIDR the guest may reach despite the default denies (repeatable).",
+        ),
+    ] = None,
+    deny_net: Annotated[
+        list[str] | None,
+        typer.Option("--deny-net", help="CIDR the guest may not reach (repeatable)."),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Remove the session after this many seconds."),
+    ] = None,
+    disk: Annotated[
+        str | None,
+        typer.Option("--disk", help="Virtual disk size, e.g. 8G (default: the image's)."),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create a session (a running microVM) from an image.
+
+    Its guest reaches the internet but not the host, link-local (metadata services) or
+    private addresses; --allow-net and --deny-net adjust that.
 
     The first session of an image boots it once to build its template: that can take
     minutes under TCG. Every later create forks the template in milliseconds.
@@ -63,8 +90,11 @@ def create_command(
     async def op(runtime: Runtime) -> Session:
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
-            network=network,
+            network=network, allow_net=allow_net or [], deny_net=deny_net or [],
+            timeout_s=timeout, disk_mib=disk_mib,
         )  # fmt: skip
+
+    disk_mib = _mib(disk) if disk is not None else None
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:
         session = run(op)
@@ -89,8 +119,8 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
         console.print("no sessions: create one with [bold]forkpoint create[/]")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "IMAGE", "STATE", "CREATED", "FROM"):
-        table.add_column(column, no_wrap=True)
+    for column in ("ID", "NAME", "IMAGE", "STATE", "CREATED", "FROM", "DISK", "EXPIRES"):
+        table.add_column(column, no_wrap=True, justify="right" if column == "DISK" else "left")
     table.add_column("PORTS")
     for s in sessions:
         table.add_row(
@@ -100,6 +130,8 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
             _state(s.state),
             short_time(s.created_at),
             s.parent_checkpoint or "",
+            format_bytes(s.disk_bytes),
+            short_time(s.expires_at) if s.expires_at else "",
             ", ".join(f"{p.guest_port}→{p.url}" for p in s.ports),
         )
     print_table(table)
@@ -124,12 +156,41 @@ def show_command(
         ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
         ("machine", f"{s.memory_mib} MiB, {s.cpus} cpu, network {s.network}"),
+        ("limits", _limits(s.limits)),
+        ("egress", _describe_egress(s)),
+        ("disk", f"{_virtual(s.disk_mib)}, {format_bytes(s.disk_bytes)} used on the host"),
+        ("expires", _expiry(s.expires_at) or "never"),
     ]
     for key, value in rows:
         console.print(f"[bold]{key:<8}[/] {value}", highlight=False)
     if s.ports:
         console.print("[bold]ports[/]", highlight=False)
         print_ports(s)
+
+
+def _limits(limits: Limits | None) -> str:
+    """The cgroup limits in force, and what is not enforced (in bold: it should be)."""
+    if limits is None:
+        return "- (no VM running)"
+    shown = [
+        f"memory {limits.memory_bytes >> 20} MiB" if limits.memory_bytes is not None else "",
+        f"cpu {limits.cpus:g}" if limits.cpus is not None else "",
+        f"pids {limits.pids_max}" if limits.pids_max is not None else "",
+        f"io weight {limits.io_weight}" if limits.io_weight is not None else "",
+    ]
+    text = ", ".join(part for part in shown if part) or "none"
+    if limits.not_enforced:
+        text += f"; [bold]not enforced: {', '.join(limits.not_enforced)}[/]"
+    return text
+
+
+def _describe_egress(s: Session) -> str:
+    if s.network != "user":
+        return "none"
+    parts = ["internet; not the host, private or link-local addresses"]
+    parts += [f"allow {cidr}" for cidr in s.egress.get("allow", [])]
+    parts += [f"deny {cidr}" for cidr in s.egress.get("deny", [])]
+    return "; ".join(parts)
 
 
 @reports_errors
@@ -173,3 +234,64 @@ def port_command(
         emit_json(info)
         return
     console.print(f"port {info.guest_port} → {info.url}", highlight=False)
+
+
+@reports_errors
+def timeout_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    seconds: Annotated[
+        float, typer.Argument(help="Remove it this many seconds from now; 0: never.")
+    ],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Set a session's lifetime, from now: past it, the session is removed (its
+    checkpoints stay). `forkpoint serve` and every CLI call enforce it."""
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.set_timeout(session, seconds or None)
+
+    s = run(op)
+    if as_json:
+        emit_json(s)
+        return
+    when = f"expires {_expiry(s.expires_at)}" if s.expires_at else "never expires"
+    console.print(f"[cyan]{s.id}[/] {when}", highlight=False)
+
+
+def _mib(size: str) -> int:
+    """``--disk`` (``8G``, ``4096M``) in MiB, rounded up. :raises InvalidInput:"""
+    from forkpoint.config import parse_size
+
+    try:
+        return -(-parse_size(size) // (1 << 20))
+    except ValueError:
+        raise InvalidInput(f"--disk must be a size like 8G or 4096M, got {size!r}") from None
+
+
+def _virtual(disk_mib: int | None) -> str:
+    return f"{disk_mib} MiB virtual" if disk_mib else "the image's size"
+
+
+def _expiry(expires_at: str | None) -> str:
+    return f"{expires_at} ({short_time(expires_at)} local)" if expires_at else ""
+
+
+@reports_errors
+def console_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    max_bytes: Annotated[
+        int, typer.Option("--bytes", help="Show at most this many of the latest bytes.")
+    ] = 64 << 10,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Print the guest's serial console (its latest output; the host keeps at most 1 MiB)."""
+
+    async def op(runtime: Runtime) -> str:
+        return await runtime.console(session, max_bytes)
+
+    text = run(op)
+    if as_json:
+        emit_json({"console": text})
+        return
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.reaper import upkeep_forever
 
 from .app import create_e2b_app
 from .proxy import SandboxProxy
@@ -59,6 +60,7 @@ async def run_gateway(
     proxy = SandboxProxy(sandboxes, api_socket.getsockname()[1])
     listeners = [await asyncio.start_server(proxy.handle, sock=s) for s in proxy_sockets]
     reaper = asyncio.create_task(reap_forever(sandboxes, reap_interval_s))
+    session_reaper = asyncio.create_task(upkeep_forever(runtime, reap_interval_s))
 
     async def stop_when_asked() -> None:
         if stop is not None:
@@ -71,7 +73,10 @@ async def run_gateway(
     finally:
         stopper.cancel()
         reaper.cancel()
+        session_reaper.cancel()
         for listener in listeners:
             listener.close()
         with contextlib.suppress(BaseException):
             await reaper
+        with contextlib.suppress(BaseException):
+            await session_reaper

@@ -28,7 +28,7 @@ from forkpoint.models import (
     Port,
     Session,
 )
-from forkpoint.requests import Cpus, ForkCount, GuestPort, MemoryMiB, Name
+from forkpoint.requests import Cidr, Cpus, ForkCount, GuestPort, MemoryMiB, Name, TimeoutS
 from forkpoint.runtime import Runtime
 
 __all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
@@ -82,12 +82,19 @@ def build_server(runtime: Runtime) -> MCPServer:
         cpus: Cpus = 1,
         name: Name | None = None,
         ports: list[GuestPort] | None = None,
+        allow_net: list[Cidr] | None = None,
+        deny_net: list[Cidr] | None = None,
+        timeout_s: TimeoutS | None = None,
     ) -> Session:
         """Create a session (a microVM) from an image; ``ports`` are guest ports to forward
-        to the host's 127.0.0.1. Returns the session (id, ports with URLs, ...)."""
+        to the host's 127.0.0.1. The guest reaches the internet but not the host, private
+        or link-local addresses; ``allow_net``/``deny_net`` (CIDRs) adjust that.
+        ``timeout_s``: seconds until it is removed. Returns the session (id, ports with
+        URLs, ...)."""
         return await runtime.create(
-            image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or ()
-        )
+            image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=ports or (),
+            allow_net=allow_net or (), deny_net=deny_net or (), timeout_s=timeout_s,
+        )  # fmt: skip
 
     @_tool_errors
     async def exec(

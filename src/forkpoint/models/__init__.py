@@ -73,9 +73,12 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ID_PATTERN",
     "MAX_CPUS",
+    "MAX_DISK_MIB",
+    "MAX_EGRESS_RULES",
     "MAX_FORKS",
     "MAX_MEMORY_MIB",
     "MAX_PORTS",
+    "MAX_TIMEOUT_S",
     "MIN_MEMORY_MIB",
     "NAME_PATTERN",
     "BackgroundProcess",
@@ -87,6 +90,7 @@ __all__ = [
     "FileEntry",
     "FileStat",
     "Health",
+    "Limits",
     "Network",
     "Operation",
     "OperationKind",
@@ -105,14 +109,21 @@ __all__ = [
 # -- limits ----------------------------------------------------------------------------
 
 MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
+MAX_DISK_MIB = 1 << 20  # a session's virtual disk (create --disk); at least the image's
 MAX_CPUS = 64
 MAX_FORKS = 64  # sessions one fork call may start
 MAX_PORTS = 64  # guest ports forwarded at create
-# Each session's QEMU and passt run as a uid of their own: JAIL_UID_BASE + 1 .. + JAIL_UIDS - 1
-# (JAIL_UID_BASE itself is for VMs without a session, e.g. image builds). Far above the
-# ranges Debian gives users and /etc/subuid, so no real account shares one.
+MAX_TIMEOUT_S = 30 * 24 * 3600  # a session's lifetime (create --timeout)
+MAX_EGRESS_RULES = 64  # CIDRs in each of a session's egress allow and deny lists
+# Each session's QEMU and passt run as a uid of their own, from a block of JAIL_UIDS that
+# belongs to the session's home: block b (1..JAIL_HOME_BLOCKS, chosen by the home's path, so
+# that two homes on one host — a test home beside the real one — rarely share one) holds
+# JAIL_UID_BASE + b * JAIL_UIDS + 0..JAIL_UIDS-1. JAIL_UID_BASE itself is for VMs of no
+# session (image builds). All far above the ranges Debian gives users and /etc/subuid.
 JAIL_UID_BASE = 1_900_000_000
 JAIL_UIDS = 65_536
+JAIL_HOME_BLOCKS = 256
+SESSION_UIDS = range(JAIL_UID_BASE + JAIL_UIDS, JAIL_UID_BASE + (JAIL_HOME_BLOCKS + 1) * JAIL_UIDS)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ID_PATTERN = r"^[sc]-[0-9a-f]{10}$"  # names may not look like this (ids and names share refs)
 
@@ -163,10 +174,27 @@ class Port:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The resource limits in force on a session's VM (QEMU and passt), read back from
+    its cgroup: memory in bytes (guest RAM + QEMU's bounded overhead, no swap), CPU time
+    as a number of CPUs, tasks, and I/O weight (1–10000, 100 = equal share). ``None``
+    and a name in ``not_enforced``: this host does not enforce it (see the docs)."""
+
+    memory_bytes: int | None
+    cpus: float | None
+    pids_max: int | None
+    io_weight: int | None
+    not_enforced: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Session:
     """One session (one microVM). ``id`` is stable across rollbacks; ``created_at`` is
     ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
-    it was last restored from."""
+    it was last restored from. ``expires_at`` (ISO-8601 UTC, None: never): when it is
+    removed (``create --timeout``). ``disk_bytes``: host disk its own files use now (its
+    top disk layer, logs; not the layers and checkpoints it shares). ``disk_mib``: its
+    virtual disk's size when chosen at create (None: the image's)."""
 
     id: str
     name: str | None
@@ -178,6 +206,14 @@ class Session:
     cpus: int
     network: Network
     ports: tuple[Port, ...] = ()
+    limits: Limits | None = None  # None: no VM running, or none of its cgroups exist
+    # Adjustments to the default egress policy: {"allow": [CIDR, ...], "deny": [...]}.
+    egress: dict[str, list[str]] = field(
+        default_factory=lambda: {"allow": [], "deny": []}, hash=False
+    )
+    expires_at: str | None = None
+    disk_bytes: int = 0
+    disk_mib: int | None = None
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""
@@ -187,7 +223,9 @@ class Session:
 @dataclass(frozen=True)
 class Checkpoint:
     """An immutable checkpoint: memory, device state and disk of a session at one moment.
-    ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward."""
+    ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward.
+    ``size_bytes``: its RAM and device state; ``disk_bytes``: host disk it uses now (those
+    files plus the disk layer it froze)."""
 
     id: str
     session_id: str
@@ -200,6 +238,7 @@ class Checkpoint:
     duration_ms: float
     pause_ms: float
     guest_ports: tuple[int, ...] = ()
+    disk_bytes: int = 0
 
 
 def to_json_data(value: Any) -> Any:

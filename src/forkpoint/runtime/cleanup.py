@@ -6,17 +6,38 @@ run it in a thread.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 
 from forkpoint.config import Home
-from forkpoint.errors import Conflict, ForkpointError
+from forkpoint.errors import Conflict, ForkpointError, NotFound
+from forkpoint.models import Network
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.disk import blank_overlay_of
 from forkpoint.vm.net import passt_log, remove_passt_log, stop_passt
 from forkpoint.vm.process import kill_and_wait, pids_with_arg
 
-__all__ = ["collect_layers", "kill_session_processes", "remove_session_files"]
+__all__ = [
+    "collect_layers",
+    "destroy_session",
+    "kill_session_processes",
+    "remove_session_files",
+]
+
+
+def destroy_session(home: Home, store: Store, files: VmFiles, record: SessionRecord) -> None:
+    """Kill the session's processes, drop its egress rules, forget it, delete its files
+    and unused layers (the caller holds its lock)."""
+    kill_session_processes(files, record)
+    if record.network == Network.USER:
+        from .egress import remove_filter  # here: queries (upkeep) must not load nftables
+
+        remove_filter(record)
+    with contextlib.suppress(NotFound):
+        store.delete_session(record.id)
+    remove_session_files(files)
+    collect_layers(home, store)
 
 
 def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
@@ -31,6 +52,11 @@ def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
 
 
 def remove_session_files(files: VmFiles) -> None:
+    """Everything a session leaves on the host once its processes are gone: its
+    directories, passt's log and its cgroup."""
+    from .limits import remove_cgroup  # here: queries load this module, never cgroups'
+
+    remove_cgroup(files.dir.name)
     shutil.rmtree(files.dir, ignore_errors=True)
     shutil.rmtree(files.sock_dir, ignore_errors=True)
     remove_passt_log(files)  # under /tmp, not in the session's directory (AppArmor)

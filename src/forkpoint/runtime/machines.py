@@ -27,9 +27,12 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .egress import install_filter
+from .limits import prepare_cgroup, report_not_enforced
 from .manifest import CheckpointFiles
 
 __all__ = [
@@ -112,7 +115,7 @@ class RestoreSpec:
 
     ``forwards`` are ``(host_port, guest_port)`` pairs; ``token`` names this restore (see
     :func:`identity_token`) and ``hostname`` is the guest's new one; ``jail`` says which uid
-    its QEMU and passt run as.
+    its QEMU and passt run as, ``egress`` where its guest may connect.
     """
 
     files: VmFiles
@@ -125,6 +128,7 @@ class RestoreSpec:
     hostname: str
     token: str
     jail: Jail
+    egress: EgressPolicy = EgressPolicy()
 
 
 @dataclass(frozen=True)
@@ -155,27 +159,49 @@ async def start_restored(
     files = spec.files
     files.ensure()
     layer = new_layer_name()
-    await asyncio.to_thread(
-        overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
+    # The session's cgroup (made once, reused by rollbacks; named by the session id, its
+    # directory's name) is prepared while the new disk layer is copied.
+    _, cgroup = await asyncio.gather(
+        asyncio.to_thread(
+            overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
+        ),
+        asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
     )
+    prepared = set(cgroup.not_enforced)
     network = spec.network == Network.USER
+    # Installed while QEMU starts; passt waits for it (no unfiltered packet ever leaves).
+    filtering = (
+        asyncio.ensure_future(asyncio.to_thread(install_filter, spec.jail, spec.egress))
+        if network
+        else None
+    )
     machine: Machine | None = None
     passt_pid = None
+    passt_placed: asyncio.Future[None] | None = None
     try:
         machine = await Machine.launch(
             qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
             jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
+            cgroup=cgroup,
         )  # fmt: skip
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
-                nonlocal passt_pid
+                nonlocal passt_pid, passt_placed
+                if filtering is not None:
+                    await filtering
                 passt_pid = await asyncio.to_thread(
                     start_passt, files, list(spec.forwards), spec.jail
                 )
+                # Moved while the state loads (a cgroup move can take milliseconds).
+                passt_placed = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, passt_pid))
 
             await machine.attach_network(connect)
         await machine.restore(spec.checkpoint.state, run=False)
+        if passt_placed is not None:
+            await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
+        if set(cgroup.not_enforced) != prepared:  # a move was refused: say so, once
+            await asyncio.to_thread(report_not_enforced, home, cgroup.not_enforced)
         if loaded is not None:
             await loaded()
         await machine.run()
@@ -184,6 +210,8 @@ async def start_restored(
             await asyncio.to_thread(wait_passt_ready, files, passt_pid)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
+        if filtering is not None:  # its rules stay: harmless, replaced by the next install
+            await asyncio.gather(filtering, return_exceptions=True)
         if machine is not None:
             await machine.kill()
         await asyncio.to_thread(stop_passt, files, passt_pid)

@@ -13,8 +13,10 @@ from forkpoint.config import Home
 from forkpoint.errors import InternalError
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
+from forkpoint.vm.cgroups import join_cgroups_of
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 
+from .egress import install_filter, policy_of
 from .machines import jail_of
 
 __all__ = ["HostPorts"]
@@ -55,9 +57,13 @@ class HostPorts:
     def restart_network(self, files: VmFiles, session_id: str) -> None:
         """Restart the session's passt with all its recorded forwards (blocking)."""
         record: SessionRecord = self.store.get_session(session_id)
+        # Before the old passt stops: no rules (no nft) must not cost the session its network.
+        install_filter(jail_of(record), policy_of(record))  # the table may be gone (reboot)
         for pid in record.aux_pids:
             stop_passt(files, pid)
         forwards = [(p.host_port, p.guest_port) for p in record.ports]
         pid = start_passt(files, forwards, jail_of(record))
+        if record.qemu_pid:
+            join_cgroups_of(record.qemu_pid, pid)  # the session's cgroup, beside its QEMU
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from forkpoint.config import Home
 from forkpoint.errors import Conflict
 from forkpoint.models import Checkpoint, CheckpointKind, Session, SessionState
-from forkpoint.store import SessionRecord, Store, session_lock
+from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import is_running
 
 from .models import checkpoint_of, session_of
+from .usage import checkpoint_disk_bytes, session_disk_bytes
 
 __all__ = ["Queries"]
 
@@ -62,19 +63,34 @@ class Queries:
             )
         return record
 
+    def upkeep(self) -> list[str]:
+        """Remove sessions past their timeout, keep logs capped; returns the ids removed
+        (every CLI call and the server's reaper run it; see :mod:`.upkeep`)."""
+        from .upkeep import upkeep
+
+        return upkeep(self)
+
     # -- queries (blocking) ------------------------------------------------------------
 
     def get(self, session: str) -> Session:
         """The session with this id or name. :raises NotFound:"""
-        return session_of(self._refresh(self.store.get_session(session)))
+        return self.session_of(self._refresh(self.store.get_session(session)))
 
     def list_sessions(self) -> list[Session]:
-        return [session_of(self._refresh(r)) for r in self.store.list_sessions()]
+        return [self.session_of(self._refresh(r)) for r in self.store.list_sessions()]
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
-        return checkpoint_of(self.store.get_checkpoint(checkpoint))
+        return self.checkpoint_of(self.store.get_checkpoint(checkpoint))
 
     def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
         session_id = self.store.get_session(session).id if session else None
         records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
-        return [checkpoint_of(r) for r in records]
+        return [self.checkpoint_of(r) for r in records]
+
+    def session_of(self, record: SessionRecord) -> Session:
+        """The record as users see it, with the disk it uses now."""
+        usage = session_disk_bytes(self.home, self.files(record.id).dir, record)
+        return session_of(record, usage)
+
+    def checkpoint_of(self, record: CheckpointRecord) -> Checkpoint:
+        return checkpoint_of(record, checkpoint_disk_bytes(self.home, record))

@@ -24,7 +24,14 @@ from typing import IO
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
-from forkpoint.errors import Conflict, ForkpointError, InternalError, NotFound
+from forkpoint.errors import (
+    Conflict,
+    ForkpointError,
+    InternalError,
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+)
 from forkpoint.images import Image, get_image
 from forkpoint.models import (
     BackgroundProcess,
@@ -53,13 +60,18 @@ from forkpoint.store import (
     validate_name,
 )
 from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
+from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.process import is_running
 
 from . import processes
 from .agents import AgentPool
+from .capacity import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
 from .checkpoints import Checkpointer, CheckpointOrigin
-from .cleanup import collect_layers, kill_session_processes, remove_session_files
+from .cleanup import collect_layers, destroy_session, kill_session_processes
+from .disksize import grow_block_device, grow_filesystem
+from .egress import policy_of
 from .hostfit import check_host_fits
+from .limits import sweep_cgroups
 from .lineage import lineage, rollback_target
 from .machines import (
     AGENT_READY_TIMEOUT_S,
@@ -72,10 +84,10 @@ from .machines import (
     start_restored,
 )
 from .manifest import CheckpointFiles, Manifest
-from .models import checkpoint_of, session_of
 from .ports import HostPorts
 from .queries import Queries
 from .templates import Templates
+from .upkeep import expires_after
 
 __all__ = ["Runtime"]
 
@@ -145,8 +157,10 @@ class Runtime(Queries):
         """Delete disk layers nothing depends on any more; returns their names.
 
         Opportunistic: skipped while another process builds an image template (its base
-        layer has no referrer until the template checkpoint exists).
+        layer has no referrer until the template checkpoint exists). Empty cgroups of
+        sessions that are gone are removed too.
         """
+        sweep_cgroups({r.id for r in self.store.list_sessions()})
         return collect_layers(self.home, self.store)
 
     # -- create ------------------------------------------------------------------------
@@ -160,25 +174,66 @@ class Runtime(Queries):
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
+        timeout_s: float | None = None,
+        disk_mib: int | None = None,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
+        ``allow_net``/``deny_net``: CIDRs adjusting the default egress policy (see
+        :mod:`forkpoint.vm.egress`). ``timeout_s``: it is removed that long from now (see
+        :meth:`set_timeout`). ``disk_mib``: its virtual disk's size, at least the image's
+        (see ``disksize``).
 
-        :raises InvalidInput: bad sizes, ports or network; :raises NotFound: no such image.
+        :raises InvalidInput: bad sizes, ports, network or CIDRs; :raises NotFound: no
+            such image; :raises LimitExceeded: the disk reserve or the session count would
+            be crossed.
         """
         from forkpoint.requests import CreateSessionRequest, parse  # pydantic: only when used
 
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
-            ports=tuple(ports), network=network,
+            ports=tuple(ports), network=network, allow_net=tuple(allow_net),
+            deny_net=tuple(deny_net), timeout_s=timeout_s, disk_mib=disk_mib,
         )  # fmt: skip
+        egress = EgressPolicy.of(request.allow_net, request.deny_net).to_json()
+        await asyncio.to_thread(self._require_room, 1)
         img, shape = await asyncio.to_thread(
             self._machine, request.image, request.memory_mib, request.cpus
         )
+        if request.disk_mib is not None and request.disk_mib << 20 < img.recipe.disk_size:
+            raise InvalidInput(
+                f"--disk {request.disk_mib} MiB is smaller than image {img.name}'s disk "
+                f"({img.recipe.disk_size >> 20} MiB): disks only grow"
+            )
         template = await self._templates.get(img, shape)
         return await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
-            network=request.network,
+            network=request.network, egress=egress,
+            expires_at=expires_after(request.timeout_s), disk_mib=request.disk_mib,
         )  # fmt: skip
+
+    def _require_room(self, sessions: int) -> None:
+        """Refuse to start ``sessions`` more when the disk reserve or the session count
+        would be crossed (before anything is made; the store re-checks the count when it
+        inserts each one, so racing creates cannot both pass).
+
+        :raises LimitExceeded:
+        """
+        what = "a new session" if sessions == 1 else f"{sessions} new sessions"
+        require_space(self.home, sessions * SESSION_BYTES, what)
+        self._require_count(sessions, what)
+
+    def _require_count(self, sessions: int, what: str) -> None:
+        """:raises LimitExceeded: ``sessions`` more would pass FORKPOINT_MAX_SESSIONS."""
+        most = host_limits().max_sessions
+        # Queries.list_sessions notices dead VMs first: a crashed session does not count.
+        active = sum(s.state == SessionState.RUNNING for s in self.list_sessions())
+        if active + sessions > most:
+            raise LimitExceeded(
+                f"{what} would make {active + sessions} running sessions, more than "
+                f"FORKPOINT_MAX_SESSIONS={most}: remove or stop some first"
+            )
 
     async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
         """Make sure the image's template exists (booting it once if needed); returns ms.
@@ -200,7 +255,10 @@ class Runtime(Queries):
         name: str | None,
         guest_ports: Sequence[int],
         network: Network,
+        egress: dict[str, list[str]],
         loaded: Callable[[], Awaitable[None]] | None = None,
+        expires_at: str | None = None,
+        disk_mib: int | None = None,
     ) -> Session:
         await asyncio.to_thread(self._manifest, checkpoint.id, shape)
         # The session row needs a layer row to point at; the checkpoint's own frozen
@@ -210,8 +268,10 @@ class Runtime(Queries):
             SessionRecord.new(
                 image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
                 memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
-                parent_checkpoint=checkpoint.id,
+                parent_checkpoint=checkpoint.id, egress=egress, expires_at=expires_at,
+                disk_mib=disk_mib,
             ),
+            max_active=host_limits().max_sessions,
         )  # fmt: skip
         try:
             async with session_lock_async(self.home, record.id):
@@ -222,17 +282,24 @@ class Runtime(Queries):
                     checkpoint_layer=checkpoint.disk_layer, shape=shape,
                     boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
                     hostname=name or record.id, token=identity_token(record.id, 0),
-                    jail=jail_of(record),
+                    jail=jail_of(record), egress=policy_of(record),
                 )  # fmt: skip
                 started = await start_restored(self.home, spec, loaded)
                 record = await asyncio.to_thread(
                     self._record_running, record.id, started, checkpoint.disk_layer
                 )
-                await started.machine.close()
+                try:
+                    grew = disk_mib is not None and await grow_block_device(
+                        started.machine, disk_mib, at_create=True
+                    )
+                finally:
+                    await started.machine.close()
+            if grew:  # through the agent, which takes the session's lock itself
+                await grow_filesystem(self, record.id)
         except BaseException:
             await self._destroy(record)
             raise
-        return session_of(record)
+        return await asyncio.to_thread(self.session_of, record)
 
     def _record_running(
         self,
@@ -253,6 +320,46 @@ class Runtime(Queries):
                 parent_checkpoint=parent_checkpoint,
             )  # fmt: skip
 
+    # -- lifetime ----------------------------------------------------------------------
+
+    async def set_timeout(self, session: str, timeout_s: float | None) -> Session:
+        """Remove the session ``timeout_s`` seconds from now (None: never). Every CLI call
+        and ``forkpoint serve``'s reaper remove sessions past it (see ``upkeep``).
+
+        :raises NotFound: :raises InvalidInput: a lifetime out of range.
+        """
+        from forkpoint.requests import TimeoutRequest, parse
+
+        request = parse(TimeoutRequest, timeout_s=timeout_s)
+        record = await asyncio.to_thread(self.store.get_session, session)
+        async with session_lock_async(self.home, record.id):
+            record = await asyncio.to_thread(
+                self.store.update_session, record.id,
+                expires_at=expires_after(request.timeout_s),
+            )  # fmt: skip
+        return await asyncio.to_thread(self.session_of, record)
+
+    # -- console -----------------------------------------------------------------------
+
+    async def console(self, session: str, max_bytes: int = 64 << 10) -> str:
+        """The serial console's latest output (at most ``max_bytes``). A running VM's
+        console is a ring inside QEMU: it is drained into ``serial.log`` (capped) first.
+        :raises NotFound:"""
+        from forkpoint.vm.console import read_tail
+
+        record = await asyncio.to_thread(self.store.get_session, session)
+        files = self.files(record.id)
+        async with session_lock_async(self.home, record.id):
+            record = await asyncio.to_thread(self.store.get_session, record.id)
+            record = await asyncio.to_thread(self._refresh, record, locked=True)
+            if record.state == SessionState.RUNNING:
+                machine = await Machine.adopt(files, record.qemu_pid or 0)
+                try:
+                    await machine.drain_console()
+                finally:
+                    await machine.close()
+        return await asyncio.to_thread(read_tail, files, max_bytes)
+
     # -- delete ------------------------------------------------------------------------
 
     async def remove(self, session: str) -> None:
@@ -265,12 +372,7 @@ class Runtime(Queries):
         await asyncio.to_thread(self._destroy_now, record)
 
     def _destroy_now(self, record: SessionRecord) -> None:
-        files = self.files(record.id)
-        kill_session_processes(files, record)
-        with contextlib.suppress(NotFound):
-            self.store.delete_session(record.id)
-        remove_session_files(files)
-        self.gc()
+        destroy_session(self.home, self.store, self.files(record.id), record)
 
     async def stop(self, session: str) -> Session:
         """Kill the session's VM, keeping the session (``stopped``) to roll back later."""
@@ -292,6 +394,9 @@ class Runtime(Queries):
             raise Conflict(f"checkpoint name {name!r} is already taken")
         async with session_lock_async(self.home, record.id):
             record = await asyncio.to_thread(self._require_running, record.id)
+            await asyncio.to_thread(
+                require_space, self.home, checkpoint_bytes(record.memory_mib), "a checkpoint"
+            )
             image, shape = await asyncio.to_thread(
                 self._machine, record.image_hash, record.memory_mib, record.cpus
             )
@@ -309,7 +414,7 @@ class Runtime(Queries):
                 )
             finally:
                 await machine.close()
-            return checkpoint_of(created)
+            return await asyncio.to_thread(self.checkpoint_of, created)
 
     async def _sync_disk_layer(self, machine: Machine, record: SessionRecord) -> str:
         """The layer the VM really writes to. A forkpoint process killed between QEMU's
@@ -359,19 +464,22 @@ class Runtime(Queries):
 
         parse(ForkRequest, count=count)
         record, source = await asyncio.to_thread(self._fork_source, checkpoint)
+        await asyncio.to_thread(self._require_room, count)
         manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
         image, shape = await asyncio.to_thread(
             self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
         )
         await asyncio.to_thread(self._manifest, record.id, shape)
         network = source.network if source else Network.USER
+        egress = policy_of(source).to_json() if source else {}
         together = ResumeTogether(count)
 
         async def one_fork() -> Session:
             async with together.member() as loaded:
                 return await self._start_session(
                     record, image, shape, name=None, guest_ports=manifest.ports,
-                    network=network, loaded=loaded,
+                    network=network, egress=egress, loaded=loaded,
+                    disk_mib=source.disk_mib if source else None,  # its disk is that size
                 )  # fmt: skip
 
         results = await asyncio.gather(
@@ -404,6 +512,8 @@ class Runtime(Queries):
         record = await asyncio.to_thread(self.store.get_session, session)
         async with session_lock_async(self.home, record.id):
             record = await asyncio.to_thread(self.store.get_session, record.id)
+            if record.state != SessionState.RUNNING:  # a stopped one starts running again
+                await asyncio.to_thread(self._require_count, 1, f"reviving {record.id}")
             target = await asyncio.to_thread(rollback_target, self.store, record, checkpoint)
             image, shape = await asyncio.to_thread(
                 self._machine, target.image_hash, record.memory_mib, record.cpus
@@ -418,7 +528,7 @@ class Runtime(Queries):
                 network=record.network,
                 forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
                 hostname=record.name or record.id, token=identity_token(record.id, generation),
-                jail=jail_of(record),
+                jail=jail_of(record), egress=policy_of(record),
             )  # fmt: skip
             try:
                 started = await start_restored(self.home, spec)
@@ -434,9 +544,17 @@ class Runtime(Queries):
                 self._record_running, record.id, started, target.disk_layer,
                 generation=generation, parent_checkpoint=target.id,
             )  # fmt: skip
-            await started.machine.close()
+            # A checkpoint from before the disk grew (the template) brings the old size.
+            try:
+                grew = record.disk_mib is not None and await grow_block_device(
+                    started.machine, record.disk_mib, at_create=False
+                )
+            finally:
+                await started.machine.close()
+        if grew:
+            await grow_filesystem(self, record.id)
         await asyncio.to_thread(self.gc)
-        return session_of(record)
+        return await asyncio.to_thread(self.session_of, record)
 
     # -- ports -------------------------------------------------------------------------
 

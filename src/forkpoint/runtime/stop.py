@@ -14,7 +14,6 @@ from forkpoint.models import Session, SessionState
 from forkpoint.store import session_lock_async
 
 from .cleanup import kill_session_processes
-from .models import session_of
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -31,4 +30,4 @@ async def stop_session(runtime: Runtime, session: str) -> Session:
         record = runtime.store.update_session(
             record.id, state=SessionState.STOPPED, qemu_pid=None, aux_pids=[]
         )
-    return session_of(record)
+    return runtime.session_of(record)

@@ -18,6 +18,7 @@ from forkpoint.store import CheckpointRecord, Store, global_lock_async
 from forkpoint.vm import Machine, MachineShape, VmFiles, create_overlay, qemu_build
 
 from .checkpoints import Checkpointer, CheckpointOrigin
+from .limits import prepare_cgroup, remove_cgroup
 from .machines import SESSIONLESS, boot_files, new_layer_name
 
 __all__ = ["Templates"]
@@ -63,9 +64,12 @@ class Templates:
         base = new_layer_name()
         await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
         await asyncio.to_thread(self.store.insert_layer, base)
+        cgroup = await asyncio.to_thread(prepare_cgroup, self.home, directory.name, shape)
         machine = await Machine.start(
             qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base,
-            jail=SESSIONLESS,
+            # Our own image, bounded by the boot timeout: its console stays a file, so a
+            # boot that panics leaves it to read (a session's is a capped ring).
+            jail=SESSIONLESS, cgroup=cgroup, console_file=True,
         )  # fmt: skip
         try:
             async with await AgentClient.connect(
@@ -87,3 +91,4 @@ class Templates:
         finally:
             await machine.kill()
             await asyncio.to_thread(shutil.rmtree, files.dir, ignore_errors=True)
+            await asyncio.to_thread(remove_cgroup, directory.name)

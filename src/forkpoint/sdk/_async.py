@@ -167,18 +167,26 @@ class AsyncSandbox:
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
+        timeout: float | None = None,
+        disk_mib: int | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1). :raises NotFound: no such image. :raises InvalidInput:"""
+        forward to 127.0.0.1; ``allow_net``/``deny_net``: CIDRs adjusting the default
+        egress policy; ``timeout``: seconds until it is removed; ``disk_mib``: its virtual
+        disk, at least the image's). :raises NotFound: no such image. :raises InvalidInput:
+        :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
         client = ApiClient(base_url, token, runtime)
         client.retain()  # held while creating, so a failure closes the connection
         try:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
-                network=str(network),
+                network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
+                timeout_s=timeout, disk_mib=disk_mib,
             )  # fmt: skip
             return cls(client, info)
         finally:
@@ -243,6 +251,10 @@ class AsyncSandbox:
         latest). :raises Conflict: the checkpoint is not in this session's lineage."""
         ck = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
         self._info = await self._client.rollback(self.id, ck)
+
+    async def set_timeout(self, seconds: float | None) -> None:
+        """Remove this session ``seconds`` from now (None: never)."""
+        self._info = await self._client.set_timeout(self.id, seconds)
 
     async def kill(self) -> None:
         """Destroy the session (its VM and files) and release the connection."""

@@ -173,6 +173,10 @@ class ApiClient:
     async def remove(self, session: str) -> None:
         await self._request("DELETE", f"/sessions/{_seg(session)}")
 
+    async def set_timeout(self, session: str, timeout_s: float | None) -> Session:
+        path = f"/sessions/{_seg(session)}/timeout"
+        return await self._parse(Session, "POST", path, json={"timeout_s": timeout_s})
+
     async def rollback(self, session: str, checkpoint: str | None) -> Session:
         path = f"/sessions/{_seg(session)}/rollback"
         rolled: Session = await self._long(Session, "POST", path, json={"checkpoint": checkpoint})

@@ -57,6 +57,7 @@ from forkpoint.requests import (
     PortRequest,
     Ref,
     RollbackRequest,
+    TimeoutRequest,
     describe_invalid,
 )
 from forkpoint.runtime import Runtime
@@ -286,6 +287,11 @@ def _router(
         await runtime.remove(session_id)
         return Response(status_code=204)
 
+    @r.post("/sessions/{session_id}/timeout", tags=["sessions"])
+    async def set_timeout(session_id: SessionId, body: TimeoutRequest) -> Session:
+        """The session is removed ``timeout_s`` seconds from now (null: never)."""
+        return await runtime.set_timeout(session_id, body.timeout_s)
+
     @r.post(
         "/sessions/{session_id}/rollback",
         tags=["sessions"],
@@ -502,6 +508,7 @@ _SESSION_TARGETS = {
     "list_files": {"path": "/"},
     "forward_port": {},
     "checkpoint": {},
+    "set_timeout": {},
 }
 
 

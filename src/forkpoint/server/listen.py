@@ -14,8 +14,10 @@ import secrets
 import signal
 import socket
 import stat
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -108,15 +110,33 @@ def write_token(path: Path) -> str:
     return token
 
 
-def serve_on(app: FastAPI, sock: socket.socket, *, log_level: str = "warning") -> None:
-    """Serve ``app`` on an already listening socket until SIGINT/SIGTERM."""
+def serve_on(
+    app: FastAPI,
+    sock: socket.socket,
+    *,
+    log_level: str = "warning",
+    beside: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Serve ``app`` on an already listening socket until SIGINT/SIGTERM; ``beside`` (e.g.
+    the session reaper) runs in the same event loop meanwhile."""
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False)
     server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        task = asyncio.create_task(beside()) if beside is not None else None
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it against the handler
     # that was there before: make that one an exception so callers' cleanup runs.
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        asyncio.run(serve())
     finally:
         signal.signal(signal.SIGTERM, previous)
         with contextlib.suppress(OSError):

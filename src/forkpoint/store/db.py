@@ -14,6 +14,7 @@ import enum
 import json
 import sqlite3
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,8 +22,15 @@ from types import TracebackType
 from typing import Final
 
 from forkpoint.config import Home
-from forkpoint.errors import Conflict, InternalError, InUse, InvalidInput, NotFound
-from forkpoint.models import JAIL_UID_BASE, JAIL_UIDS
+from forkpoint.errors import (
+    Conflict,
+    InternalError,
+    InUse,
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+)
+from forkpoint.models import JAIL_HOME_BLOCKS, JAIL_UID_BASE, JAIL_UIDS
 from forkpoint.polling import poll_until_sync
 from forkpoint.store._rows import (
     CHECKPOINT_COLUMNS,
@@ -89,6 +97,7 @@ class Store:
         self._lock = threading.RLock()
         self._writing = False
         self.path = path
+        self.uids = session_uids(path.parent)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -115,7 +124,20 @@ class Store:
         except BaseException:
             conn.close()
             raise
-        return cls(conn, path)
+        store = cls(conn, path)
+        store._give_uids()
+        return store
+
+    def _give_uids(self) -> None:
+        """A uid for each session stored before sessions had one (schema v4)."""
+        with self._read() as conn:
+            missing = conn.execute("SELECT id FROM sessions WHERE uid IS NULL").fetchall()
+        for (session_id,) in missing:
+            with self.transaction() as conn:
+                conn.execute(
+                    "UPDATE sessions SET uid = ? WHERE id = ? AND uid IS NULL",
+                    (_free_uid(conn, self.uids), session_id),
+                )
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -193,10 +215,17 @@ class Store:
 
     # --- sessions ----------------------------------------------------------------------
 
-    def insert_session(self, record: SessionRecord) -> SessionRecord:
+    def insert_session(
+        self, record: SessionRecord, *, max_active: int | None = None
+    ) -> SessionRecord:
         """Store a new session and its ports; return it as stored.
 
+        ``max_active``: refuse when that many sessions are already creating or running —
+        counted in the same write transaction as the insert, so two racing creates
+        cannot both pass.
+
         Raises:
+            LimitExceeded: ``max_active`` sessions are active already.
             Conflict: the id or name is taken, or a host port is allocated.
             NotFound: ``disk_layer`` or ``parent_checkpoint`` is unknown.
             InvalidInput: a malformed field.
@@ -204,6 +233,8 @@ class Store:
         validate_name(record.name, "session")
         with self.transaction() as conn:
             require_absent(conn, "sessions", "id", record.id, f"session id {record.id}")
+            if max_active is not None:
+                require_below(conn, max_active)
             if record.name is not None:
                 require_name_free(conn, "sessions", "session", record.name)
             require_layer(conn, record.disk_layer)
@@ -226,7 +257,7 @@ class Store:
                     check_int(record.generation, "generation", minimum=0),
                     opt_pid(record.qemu_pid),
                     pids_json(record.aux_pids),
-                    record.uid if record.uid is not None else _free_uid(conn),
+                    record.uid if record.uid is not None else _free_uid(conn, self.uids),
                     SESSION_UPDATERS["disk_mib"](record.disk_mib),
                     SESSION_UPDATERS["expires_at"](record.expires_at),
                     egress_json(record.egress),
@@ -660,16 +691,36 @@ class Store:
 # --- helpers -----------------------------------------------------------------------------
 
 
-def _free_uid(conn: sqlite3.Connection) -> int:
-    """The lowest session uid no stored session has (see ``JAIL_UID_BASE``).
+def require_below(conn: sqlite3.Connection, max_active: int) -> None:
+    """:raises LimitExceeded: ``max_active`` sessions are creating or running."""
+    (active,) = conn.execute(
+        "SELECT COUNT(*) FROM sessions WHERE state IN (?, ?)",
+        (SessionState.CREATING.value, SessionState.RUNNING.value),
+    ).fetchone()
+    if active >= max_active:
+        raise LimitExceeded(
+            f"{active} sessions are running, the most allowed (FORKPOINT_MAX_SESSIONS="
+            f"{max_active}): remove or stop one first"
+        )
 
-    :raises Conflict: every uid of the range is taken.
+
+def session_uids(root: Path) -> range:
+    """The uids the sessions of the home at ``root`` run as (see ``JAIL_UID_BASE``)."""
+    block = 1 + zlib.crc32(str(root).encode()) % JAIL_HOME_BLOCKS
+    first = JAIL_UID_BASE + block * JAIL_UIDS
+    return range(first, first + JAIL_UIDS)
+
+
+def _free_uid(conn: sqlite3.Connection, uids: range) -> int:
+    """The lowest of ``uids`` no stored session has.
+
+    :raises Conflict: every one is taken.
     """
     taken = {row[0] for row in conn.execute("SELECT uid FROM sessions WHERE uid IS NOT NULL")}
-    for uid in range(JAIL_UID_BASE + 1, JAIL_UID_BASE + JAIL_UIDS):
+    for uid in uids:
         if uid not in taken:
             return uid
-    raise Conflict(f"all {JAIL_UIDS - 1} session uids are in use: remove sessions")
+    raise Conflict(f"all {len(uids)} session uids are in use: remove sessions")
 
 
 def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:

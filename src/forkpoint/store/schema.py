@@ -18,7 +18,6 @@ import sqlite3
 from collections.abc import Callable, Sequence
 
 from forkpoint.errors import Conflict, InternalError
-from forkpoint.models import JAIL_UID_BASE
 
 from .e2b_schema import migrate_e2b
 
@@ -105,18 +104,14 @@ def _v2_templates(conn: sqlite3.Connection) -> None:
 def _v4_jail(conn: sqlite3.Connection) -> None:
     """What confines a session: the uid its QEMU and passt run as, its disk size, when it
     expires, and where its guest may connect (``egress``: JSON ``{"allow": [...], "deny":
-    [...]}`` of CIDRs on top of the default policy). Sessions that exist get a uid each."""
+    [...]}`` of CIDRs on top of the default policy). Sessions that exist get their uid
+    from :meth:`Store.open`, which knows the home's block of uids."""
     _run(
         conn,
         "ALTER TABLE sessions ADD COLUMN uid INTEGER",
         "ALTER TABLE sessions ADD COLUMN disk_mib INTEGER",
         "ALTER TABLE sessions ADD COLUMN expires_at TEXT",
         "ALTER TABLE sessions ADD COLUMN egress TEXT NOT NULL DEFAULT '{}'",
-    )
-    conn.execute(
-        "UPDATE sessions SET uid = ? + (SELECT COUNT(*) FROM sessions AS s "
-        "WHERE s.rowid <= sessions.rowid)",
-        (JAIL_UID_BASE,),
     )
     conn.execute("CREATE UNIQUE INDEX sessions_uid ON sessions(uid)")
 

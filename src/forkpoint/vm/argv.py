@@ -9,12 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from forkpoint.vm.build import QemuBuild
+from forkpoint.vm.console import chardev
 from forkpoint.vm.fdsets import FDSET_PREFIX
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.shape import BootFiles, MachineShape
 
-__all__ = ["build_argv", "guest_cmdline"]
+__all__ = ["TCG_TB_MIB", "build_argv", "guest_cmdline"]
+
+TCG_TB_MIB = 128  # measured: ≈ 70 MiB after booting and a broad workload (docs)
 
 
 def guest_cmdline(accel: str, tsc_khz: int | None) -> str:
@@ -38,6 +41,7 @@ def build_argv(
     *,
     network: bool,
     incoming: bool = False,
+    console_file: bool = False,
 ) -> list[str]:
     """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``).
 
@@ -50,6 +54,8 @@ def build_argv(
     writes it (see :mod:`forkpoint.vm.written`). ``disk``: the top layer's path and its
     read-write and read-only descriptors, inherited under those numbers (QEMU opens the
     layer through them, see :mod:`.fdsets`). ``jail``: who QEMU becomes once set up.
+    ``console_file``: the serial console goes to ``serial.log`` uncapped, not to a capped
+    ring (only for a boot of a trusted image that a timeout bounds; see :mod:`.console`).
     """
     mem = f"{shape.memory_mib}M"
     disk_path, disk_fds = disk
@@ -58,8 +64,8 @@ def build_argv(
         "-name", files.name,
         # suppress-vmdesc: device-only saves have no VM description section; without
         # this every load looks for one and logs a warning.
-        "-M", f"microvm,accel={shape.accel},memory-backend=mem,pit=on,pic=on,rtc=on,"
-        "suppress-vmdesc=on",
+        "-M", "microvm,memory-backend=mem,pit=on,pic=on,rtc=on,suppress-vmdesc=on",
+        "-accel", _accel(shape),
         "-m", mem,
         "-smp", str(shape.cpus),
         "-nodefaults", "-no-user-config", "-display", "none",
@@ -73,7 +79,7 @@ def build_argv(
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=ag,path={files.agent_socket},server=on,wait=off",
         "-device", "virtserialport,chardev=ag,name=agent",
-        "-chardev", f"file,id=ser0,path={files.serial_log},append=on",
+        "-chardev", chardev(files, ring=not console_file),
         "-serial", "chardev:ser0",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
         "-pidfile", str(files.pidfile),
@@ -94,6 +100,12 @@ def build_argv(
         argv += ["-kernel", str(boot.kernel), "-initrd", str(boot.initrd)]
         argv += ["-append", boot.cmdline]
     return argv
+
+
+def _accel(shape: MachineShape) -> str:
+    # TCG's translation cache defaults to up to 1 GiB, touched as code is translated: a
+    # fixed size keeps QEMU's overhead bounded for the session's memory limit (cgroups).
+    return f"tcg,tb-size={TCG_TB_MIB}" if shape.accel == "tcg" else shape.accel
 
 
 def _netdev(files: VmFiles, network: bool) -> str:

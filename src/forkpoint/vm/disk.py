@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import uuid
 from pathlib import Path
@@ -16,7 +17,12 @@ from pathlib import Path
 from forkpoint.errors import QemuError
 from forkpoint.vm.build import qemu_img
 
-__all__ = ["blank_overlay_of", "create_overlay", "overlay_from_blank"]
+__all__ = ["blank_overlay_of", "create_overlay", "overlay_from_blank", "overlay_on_top"]
+
+# The start of a qcow2 header: magic, version, backing file name offset and length,
+# cluster bits, virtual size (all big-endian).
+_HEADER = struct.Struct(">4sIQIIQ")
+_MAGIC = b"QFI\xfb"
 
 
 def create_overlay(backing: Path, dest: Path) -> None:
@@ -61,3 +67,49 @@ def overlay_from_blank(backing: Path, dest: Path) -> None:
         create_overlay(backing, tmp)
         os.replace(tmp, blank)  # racing restores each publish an identical file
     shutil.copyfile(blank, dest)
+
+
+def overlay_on_top(top: Path, dest: Path) -> None:
+    """An empty qcow2 ``dest`` on ``top`` (a VM's top layer, about to be frozen), without
+    running ``qemu-img`` on the checkpoint path.
+
+    ``top`` was itself made by :func:`overlay_from_blank` from its backing layer's blank,
+    an empty overlay of the same size whose only difference to the one wanted is the
+    backing file's name; layer names all have one length, so that name is rewritten in
+    place in a copy. Anything else (another size, another name length, no blank) goes
+    through :func:`create_overlay`.
+    """
+    name, size, _ = _backing_of(top)
+    if name is not None:
+        blank = blank_overlay_of(Path(name))
+        wanted = str(top).encode()
+        try:
+            blank_name, blank_size, offset = _backing_of(blank)
+        except OSError:
+            blank_name, blank_size, offset = None, -1, 0
+        if blank_name == name and blank_size == size and len(wanted) == len(name.encode()):
+            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+            shutil.copyfile(blank, tmp)
+            with tmp.open("r+b") as f:
+                f.seek(offset)
+                f.write(wanted)
+            os.replace(tmp, dest)
+            return
+    create_overlay(top, dest)
+
+
+def _backing_of(path: Path) -> tuple[str | None, int, int]:
+    """A qcow2 file's backing file name (None: none), virtual size, and where the name
+    is stored.
+
+    :raises OSError: unreadable; :raises QemuError: not a qcow2 file.
+    """
+    with path.open("rb") as f:
+        header = f.read(_HEADER.size)
+        if len(header) < _HEADER.size or header[:4] != _MAGIC:
+            raise QemuError(f"{path.name} is not a qcow2 file")
+        _, _, offset, length, _, size = _HEADER.unpack(header)
+        if not offset:
+            return None, size, 0
+        f.seek(offset)
+        return f.read(length).decode(), size, offset

@@ -19,7 +19,9 @@ from forkpoint.errors import QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
-from forkpoint.vm.disk import overlay_from_blank
+from forkpoint.vm.cgroups import SessionCgroup
+from forkpoint.vm.console import drain_console
+from forkpoint.vm.disk import overlay_on_top
 from forkpoint.vm.fdsets import FDSET_PREFIX, add_to_fdset, disk_fds
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
@@ -72,10 +74,14 @@ class Machine:
         ram: Path | None = None,
         network: bool,
         incoming: bool,
+        cgroup: SessionCgroup | None = None,
+        console_file: bool = False,
     ) -> Machine:
         """Start QEMU on the RAM file ``ram``, mapped copy-on-write (None: a new empty one,
         ``files.boot_ram``). ``incoming``: the VM waits for :meth:`restore`; else it boots.
         ``jail``: the uid QEMU runs as once set up (see :mod:`~forkpoint.vm.jail`).
+        ``cgroup``: QEMU is moved into it before the guest runs. ``console_file``: see
+        :func:`~forkpoint.vm.argv.build_argv`.
 
         With ``network`` the caller connects the network backend (passt) before the VM
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
@@ -87,19 +93,30 @@ class Machine:
         if ram is None:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
+        # A booting guest waits (-S) until QEMU is in its cgroup; a restore waits anyway.
+        hold = cgroup is not None and not incoming
         with disk_fds(disk) as fds:
             argv = build_argv(
                 build, shape, boot, files, (disk, fds), ram, jail,
-                network=network, incoming=incoming,
+                network=network, incoming=incoming, console_file=console_file,
             )  # fmt: skip
-            pid = spawn_detached(argv, files.qemu_log, fds)
+            pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log, fds)
+        # Moved while QEMU starts up (a cgroup move can wait for an RCU grace period,
+        # milliseconds), and always before its guest runs.
+        attached = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, pid)) if cgroup else None
         try:
-            qmp = await Qmp.connect(
-                files.qmp_socket,
-                _START_TIMEOUT_S,
-                files.name,
-                alive=lambda: is_running(pid, files.name),
-            )
+            try:
+                qmp = await Qmp.connect(
+                    files.qmp_socket,
+                    _START_TIMEOUT_S,
+                    files.name,
+                    alive=lambda: is_running(pid, files.name),
+                )
+            finally:
+                if attached is not None:
+                    await attached
+            if hold:
+                await qmp.run("cont")
             return cls(files, pid, qmp, build)
         except QemuError as error:
             raise _start_failed(files, pid, error) from None
@@ -148,12 +165,15 @@ class Machine:
         ram: Path | None = None,
         state: Path | None = None,
         jail: Jail,
+        cgroup: SessionCgroup | None = None,
+        console_file: bool = False,
     ) -> Machine:
         """:meth:`launch` without network, then :meth:`restore` ``state`` if given (else
         the VM boots). Returns once the VM runs."""
         machine = await cls.launch(
             build, shape, boot, files, disk,
-            jail=jail, ram=ram, network=False, incoming=state is not None,
+            jail=jail, ram=ram, network=False, incoming=state is not None, cgroup=cgroup,
+            console_file=console_file,
         )  # fmt: skip
         if state is not None:
             await machine.restore(state)
@@ -189,6 +209,18 @@ class Machine:
         """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
         await self._qmp.run("announce-self", initial=0, max=0, rounds=1, step=0)
 
+    async def grow_disk(self, size_bytes: int) -> int:
+        """Grow the virtual disk to ``size_bytes`` (QEMU truncates the top layer through
+        its descriptor and tells the guest the new capacity); returns the size it had.
+        Never shrinks: a smaller ``size_bytes`` changes nothing."""
+        for block in await self._qmp.run("query-block"):
+            if block.get("device") == "d0" and "inserted" in block:
+                current = int(block["inserted"]["image"]["virtual-size"])
+                if size_bytes > current:
+                    await self._qmp.run("block_resize", device="d0", size=size_bytes)
+                return current
+        raise QemuError(f"{self.files.name}: disk d0 not found")
+
     async def active_disk(self) -> Path:
         """The qcow2 file the VM writes to now (QEMU's view is the truth)."""
         name = await self._disk_name()
@@ -221,6 +253,16 @@ class Machine:
         """QEMU's run state now."""
         result = await self._qmp.run("query-status")
         return RunState(result["status"])
+
+    async def drain_console(self) -> None:
+        """Move the console's ring into ``serial.log`` (capped; see :mod:`.console`)."""
+        await drain_console(self._qmp, self.files)
+
+    async def log_tail(self) -> str:
+        """The tail of QEMU's log and of the console, its ring drained first."""
+        with contextlib.suppress(QemuError, OSError):
+            await self.drain_console()
+        return self.files.log_tail()
 
     @property
     def describe(self) -> str:
@@ -272,7 +314,7 @@ class Machine:
         await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
         old_name = await self._disk_name()
-        await asyncio.to_thread(overlay_from_blank, await self.active_disk(), new_overlay)
+        await asyncio.to_thread(overlay_on_top, await self.active_disk(), new_overlay)
         base_copy_ms = (time.perf_counter() - started) * 1000
         paused = time.perf_counter()
         await self._qmp.run("stop")
@@ -305,7 +347,7 @@ class Machine:
                 "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
             ) from error
         except QemuError as error:
-            raise QemuError(error.message, log_tail=self.files.log_tail()) from error
+            raise QemuError(error.message, log_tail=await self.log_tail()) from error
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")
@@ -351,7 +393,7 @@ class Machine:
         try:
             await self._migrate_to(dest)
         except QemuError as error:
-            raise QemuError(error.message, log_tail=self.files.log_tail()) from error
+            raise QemuError(error.message, log_tail=await self.log_tail()) from error
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")

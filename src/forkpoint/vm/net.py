@@ -9,6 +9,10 @@ so a guest cannot reach services listening on the host's 127.0.0.1.
 Changing the forwards means restarting passt: QEMU's stream server accepts the new
 connection; only connections through the old passt are cut.
 
+The guest's resolver is ``DNS`` (its ``/etc/resolv.conf``); passt forwards what it sends
+there to the host's first ``nameserver``. Not ``--dns``: given that, the passt of Debian 12
+reads no ``/etc/resolv.conf`` and forwards the queries to the host's own port 53 instead.
+
 A passt that cannot start (a forward's port taken, no user namespace allowed, ...) exits
 at once; :func:`wait_passt_ready` turns that into an error carrying passt's own last log
 line instead of forwards that silently never answer. passt's log is under ``/tmp``, not
@@ -30,6 +34,7 @@ from pathlib import Path
 from forkpoint.errors import QemuError
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
+from forkpoint.vm.logcap import PASST_LOG_BYTES
 from forkpoint.vm.process import exit_status, kill_and_wait, spawn_detached
 
 __all__ = [
@@ -105,8 +110,8 @@ def start_passt(files: VmFiles, forwards: Iterable[tuple[int, int]], jail: Jail)
             _passt(), "--foreground", "--quiet", "--fd", str(sock.fileno()),
             "--no-map-gw", "--ipv4-only",
             "--address", GUEST_ADDRESS, "--netmask", "24", "--gateway", GATEWAY,
-            "--dns", DNS, "--dns-forward", DNS, "--no-dhcp-search",
-            "--log-file", str(passt_log(files)),
+            "--dns-forward", DNS, "--no-dhcp-search",
+            "--log-file", str(passt_log(files)), "--log-size", str(PASST_LOG_BYTES),
             *jail.passt_args(),
         ]  # fmt: skip
         for host, guest in sorted(forwards):

@@ -1,0 +1,52 @@
+"""A session's virtual disk size (``create --disk``): the block device grows, then the
+guest's filesystem.
+
+An image's root filesystem fills its whole disk (``mkfs.ext4`` on ``/dev/vda``, no
+partition table), so growing is QEMU's ``block_resize`` of the top layer — through the
+descriptor it holds; the guest learns the new capacity at once from virtio's config
+interrupt — then an online ``resize2fs`` in the guest through the agent (≈ 1–2 s under
+TCG). Host disk is not taken up front: the qcow2 layers stay sparse, and the size bounds
+how much a guest can write. A restore of a checkpoint taken before the grow (a rollback
+to the image's template) grows again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from forkpoint.errors import InternalError, InvalidInput
+from forkpoint.vm import Machine
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["grow_block_device", "grow_filesystem"]
+
+_RESIZE_TIMEOUT_S = 120.0
+
+
+async def grow_block_device(machine: Machine, disk_mib: int, *, at_create: bool) -> bool:
+    """Grow the VM's disk to ``disk_mib``; returns whether it grew (then the guest's
+    filesystem must follow: :func:`grow_filesystem`).
+
+    :raises InvalidInput: at create, a size below the image's (disks only grow).
+    """
+    wanted = disk_mib << 20
+    previous = await machine.grow_disk(wanted)
+    if at_create and wanted < previous:
+        raise InvalidInput(
+            f"--disk {disk_mib} MiB is smaller than the image's disk ({previous >> 20} MiB)"
+        )
+    return wanted > previous
+
+
+async def grow_filesystem(runtime: Runtime, session_id: str) -> None:
+    """Grow the guest's root filesystem to its disk (online).
+
+    :raises InternalError: ``resize2fs`` failed (its last line says why).
+    """
+    result = await runtime.exec(session_id, ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S)
+    if result.exit_code != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        reason = lines[-1] if lines else f"exit code {result.exit_code}"
+        raise InternalError(f"growing the guest's filesystem failed: {reason}")

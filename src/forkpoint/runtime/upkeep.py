@@ -1,0 +1,62 @@
+"""What every CLI call and the server's reaper (:mod:`.reaper`) do first: end sessions
+past their timeout and keep each running session's QEMU log under its cap.
+
+An expired session is *removed* (E2B's "killed"): its VM, files and port forwards go, its
+checkpoints stay (they outlive sessions anyway). Cheap when nothing is due — one store
+read and a ``stat`` per running session — so ``forkpoint ls`` can afford it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from forkpoint.errors import ForkpointError
+from forkpoint.models import SessionState
+from forkpoint.store import session_lock, utc_now
+from forkpoint.vm.logcap import trim_log
+
+if TYPE_CHECKING:
+    from .queries import Queries
+
+__all__ = ["expires_after", "upkeep"]
+
+
+def expires_after(timeout_s: float | None) -> str | None:
+    """``expires_at`` for a lifetime of ``timeout_s`` from now (None: never), in the
+    store's timestamp format."""
+    if timeout_s is None:
+        return None
+    moment = datetime.now(UTC) + timedelta(seconds=timeout_s)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def upkeep(queries: Queries) -> list[str]:
+    """Remove expired sessions and trim running ones' logs; returns the ids removed.
+
+    A session whose lock is held (an operation under way) is left for the next round.
+    """
+    now = utc_now()  # ISO-8601 UTC with a fixed width: compares as text
+    expired = []
+    for record in queries.store.list_sessions():
+        if record.expires_at is not None and record.expires_at <= now:
+            expired.append(record.id)
+        elif record.state == SessionState.RUNNING:
+            trim_log(queries.files(record.id).qemu_log)
+    return [session_id for session_id in expired if _remove_expired(queries, session_id, now)]
+
+
+def _remove_expired(queries: Queries, session_id: str, now: str) -> bool:
+    from .cleanup import destroy_session  # rare: not loaded by every query
+
+    # Busy (its lock is held) or failing: left for the next round — the caller's own
+    # command must not fail because another session could not be removed.
+    with contextlib.suppress(ForkpointError, OSError):
+        with session_lock(queries.home, session_id, timeout_s=0):
+            record = queries.store.get_session(session_id)
+            if record.expires_at is None or record.expires_at > now:
+                return False  # its timeout was extended meanwhile
+            destroy_session(queries.home, queries.store, queries.files(record.id), record)
+            return True
+    return False

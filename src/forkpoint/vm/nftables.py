@@ -1,0 +1,189 @@
+"""Enforcing a session's egress policy (:mod:`.egress`) with nftables, by socket owner.
+
+passt makes the guest's connections as ordinary sockets of the session's uid in the host's
+network namespace, so one ``output`` hook matching ``meta skuid`` sees every packet a guest
+sends out, and nothing else (forkpoint, QEMU's unix sockets, other users). A network
+namespace per session would filter the same packets but move passt's 127.0.0.1 port
+forwards out of the host's reach.
+
+One table, ``inet forkpoint``::
+
+    chain output   (hook output)  TCP other than a SYN: accept
+                                  meta skuid vmap @sessions        -> goto u<uid>
+                                  meta skuid <session uid range> goto refuse
+    chain u<uid>   a session's policy: DNS to the host's resolvers, its spans (a map per
+                   distinct policy, shared by the sessions that have it), host-local
+    chain refuse   TCP reset / ICMP: a blocked connect is refused at once, not dropped
+
+A uid of the session range with no chain of its own may open nothing (fail closed). Of
+TCP only SYNs are judged: other segments belong to connections that were allowed, or to
+the 127.0.0.1 port forwards passt accepted (whose replies go to a host-local address).
+
+Each install is one ``nft -f -`` transaction (atomic): it re-creates the table's skeleton
+(identical every time, so a table lost to a reboot or ``nft flush ruleset`` comes back)
+and replaces one session's chain and map element; removal deletes only those two (and the
+policy's map once no session uses it). Policies are named maps, not anonymous ones in each
+chain: ``nft`` reads every set's elements before a change, so anonymous maps made an
+install take 139 ms with 200 sessions (28 ms with shared maps).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from forkpoint.errors import InternalError
+
+from .egress import EgressPolicy
+
+__all__ = [
+    "TABLE",
+    "install_rules",
+    "install_script",
+    "policy_map",
+    "remove_rules",
+    "remove_script",
+    "resolvers",
+]
+
+TABLE = "inet forkpoint"
+_RESOLV_CONF = Path("/etc/resolv.conf")
+_NFT_TIMEOUT_S = 10.0
+_FIX = "install nftables (make setup, or apt install nftables)"
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def resolvers(resolv_conf: Path = _RESOLV_CONF) -> list[Address]:
+    """The host's DNS resolvers, where passt forwards the guest's DNS queries."""
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        return []
+    found: list[Address] = []
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            try:
+                found.append(ipaddress.ip_address(words[1].split("%")[0]))
+            except ValueError:
+                continue
+    return found
+
+
+def _chain(uid: int) -> str:
+    return f"u{uid}"
+
+
+def policy_map(policy: EgressPolicy, version: int) -> str:
+    """The name of the interval map holding ``policy``'s IPv``version`` spans."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(policy.to_json()).encode()).hexdigest()[:16]
+    return f"p{digest}_{version}"
+
+
+def install_script(uid: int, policy: EgressPolicy, dns: Iterable[Address], jailed: range) -> str:
+    """The ``nft -f`` transaction that (re)installs the table and ``uid``'s policy."""
+    t, chain = TABLE, _chain(uid)
+    dns4 = sorted({str(a) for a in dns if a.version == 4})
+    dns6 = sorted({str(a) for a in dns if a.version == 6})
+    lines = [
+        f"add table {t}",
+        f"add chain {t} output {{ type filter hook output priority filter; policy accept; }}",
+        f"add chain {t} refuse",
+        f"add map {t} sessions {{ typeof meta skuid : verdict; }}",
+        f"add set {t} resolvers4 {{ type ipv4_addr; }}",
+        f"add set {t} resolvers6 {{ type ipv6_addr; }}",
+        f"flush chain {t} output",
+        f"add rule {t} output tcp flags & (syn | ack) != syn accept",
+        f"add rule {t} output meta skuid vmap @sessions",
+        f"add rule {t} output meta skuid {jailed.start}-{jailed.stop - 1} goto refuse",
+        f"flush chain {t} refuse",
+        f"add rule {t} refuse meta l4proto tcp reject with tcp reset",
+        f"add rule {t} refuse reject with icmpx admin-prohibited",
+        f"flush set {t} resolvers4",
+        f"flush set {t} resolvers6",
+    ]
+    if dns4:
+        lines.append(f"add element {t} resolvers4 {{ {', '.join(dns4)} }}")
+    if dns6:
+        lines.append(f"add element {t} resolvers6 {{ {', '.join(dns6)} }}")
+    dns_port = "meta l4proto { tcp, udp } th dport 53"
+    rules = [
+        f"ip daddr @resolvers4 {dns_port} accept",
+        f"ip6 daddr @resolvers6 {dns_port} accept",
+    ]
+    for family, version in (("ip", 4), ("ip6", 6)):
+        spans = policy.spans(version)
+        if not spans:
+            continue
+        # Refilled with the same spans: sessions sharing the map see no change.
+        name = policy_map(policy, version)
+        lines += [
+            f"add map {t} {name} {{ type ipv{version}_addr : verdict; flags interval; }}",
+            f"flush map {t} {name}",
+            f"add element {t} {name} {{ {', '.join(span.nft() for span in spans)} }}",
+        ]
+        rules.append(f"{family} daddr vmap @{name}")
+    rules.append("fib daddr type local goto refuse")
+    lines += [f"add chain {t} {chain}", f"flush chain {t} {chain}"]
+    lines += [f"add rule {t} {chain} {rule}" for rule in rules]
+    lines.append(f"add element {t} sessions {{ {uid} : goto {chain} }}")
+    return "\n".join(lines) + "\n"
+
+
+def remove_script(uid: int) -> str:
+    """The ``nft -f`` transaction that removes ``uid``'s policy (its chain, its element)."""
+    t, chain = TABLE, _chain(uid)
+    lines = [
+        f"delete element {t} sessions {{ {uid} }}",
+        f"flush chain {t} {chain}",
+        f"delete chain {t} {chain}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def install_rules(uid: int, policy: EgressPolicy, jailed: range) -> None:
+    """Install ``uid``'s egress policy (blocking).
+
+    :raises InternalError: no ``nft``, or the kernel refused the rules (no nf_tables).
+    """
+    _nft(install_script(uid, policy, resolvers(), jailed))
+
+
+def remove_rules(uid: int, policy: EgressPolicy) -> None:
+    """Remove ``uid``'s policy (blocking); already gone (a reboot) is fine. The policy's
+    maps go too unless another session uses them (the kernel refuses, and they stay).
+
+    :raises InternalError: as :func:`install_rules`.
+    """
+    _nft(remove_script(uid), tolerate=_GONE)
+    if policy != EgressPolicy():  # the default's maps are nearly always in use: kept
+        maps = "".join(f"delete map {TABLE} {policy_map(policy, v)}\n" for v in (4, 6))
+        _nft(maps, tolerate=_GONE + _BUSY)  # both or neither: the same chains use them
+
+
+_GONE = ("No such file or directory",)  # the transaction changed nothing
+_BUSY = ("Device or resource busy",)  # a map still referenced by another session's chain
+
+
+def _nft(script: str, *, tolerate: tuple[str, ...] = ()) -> None:
+    done = _run(["-f", "-"], script)
+    if done.returncode == 0 or any(reason in done.stderr for reason in tolerate):
+        return
+    reason = next((x for x in done.stderr.splitlines() if x.strip()), "no reason given")
+    raise InternalError(f"nftables refused forkpoint's egress rules ({reason}): {_FIX}")
+
+
+def _run(args: list[str], stdin: str) -> subprocess.CompletedProcess[str]:
+    nft = shutil.which("nft")
+    if nft is None:
+        raise InternalError(f"nft not found: guest egress filtering needs it: {_FIX}")
+    return subprocess.run(
+        [nft, *args], input=stdin, capture_output=True, text=True, check=False,
+        timeout=_NFT_TIMEOUT_S,
+    )  # fmt: skip

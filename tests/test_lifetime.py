@@ -1,0 +1,142 @@
+"""Session lifetime (create --timeout, forkpoint timeout), the upkeep every CLI call and
+the server's reaper run, and the disk use sessions and checkpoints report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from forkpoint.config import Home, home
+from forkpoint.runtime.queries import Queries
+from forkpoint.runtime.upkeep import expires_after, upkeep
+from forkpoint.sdk import Sandbox
+from forkpoint.store import SessionRecord, SessionState, Store
+from forkpoint.vm.logcap import LOG_CAP_BYTES
+from forkpoint.vm.process import is_running
+
+
+def test_expiry_is_a_store_timestamp() -> None:
+    assert expires_after(None) is None
+    stamp = expires_after(90)
+    assert stamp is not None and len(stamp) == len("2026-05-01T12:00:00.123Z")
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    assert 89 < (moment - datetime.now(UTC)).total_seconds() <= 90
+
+
+@pytest.fixture
+def queries(tmp_path: Path) -> Iterator[Queries]:
+    h = Home(tmp_path / "home").ensure()
+    with Store.open(h) as store:
+        store.insert_layer("base.qcow2")
+        yield Queries(h, store)
+
+
+def _add(queries: Queries, state: SessionState, expires_at: str | None) -> SessionRecord:
+    record = SessionRecord.new(
+        image="default", image_hash="h", disk_layer="base.qcow2", memory_mib=512, cpus=1,
+        state=state, expires_at=expires_at,
+    )  # fmt: skip
+    record = queries.store.insert_session(record)
+    queries.files(record.id).dir.mkdir(parents=True)
+    return record
+
+
+def test_upkeep_removes_expired_sessions_and_trims_logs(queries: Queries) -> None:
+    expired = _add(queries, SessionState.STOPPED, "2020-01-01T00:00:00.000Z")
+    later = _add(queries, SessionState.STOPPED, expires_after(600))
+    running = _add(queries, SessionState.RUNNING, None)
+    log = queries.files(running.id).qemu_log
+    log.write_bytes(b"guest-provoked device error\n" * (3 * LOG_CAP_BYTES // 28))
+    assert upkeep(queries) == [expired.id]
+    assert {r.id for r in queries.store.list_sessions()} == {later.id, running.id}
+    assert not queries.files(expired.id).dir.exists()
+    assert log.stat().st_size <= LOG_CAP_BYTES
+    assert upkeep(queries) == []
+
+
+# -- with real VMs ---------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> Any:
+    done = subprocess.run(
+        [sys.executable, "-m", "forkpoint.cli.app", *args],
+        capture_output=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return json.loads(done.stdout) if "--json" in args else done.stdout.decode()
+
+
+def _qemu_pid(session_id: str) -> int:
+    with Store.open(home()) as store:
+        pid = store.get_session(session_id).qemu_pid
+    assert pid
+    return pid
+
+
+@pytest.mark.vm
+def test_disk_use_and_timeout_through_the_cli() -> None:
+    s = _cli("create", "--timeout", "600", "--json")
+    try:
+        assert s["expires_at"] > s["created_at"] and 0 < s["disk_bytes"] < 8 << 20
+        assert "expires" in _cli("show", s["id"]) and "used on the host" in _cli("show", s["id"])
+        _cli("exec", s["id"], "--", "sh", "-c", "head -c 33554432 /dev/urandom > /big; sync")
+        grown = _cli("show", s["id"], "--json")["disk_bytes"]
+        assert grown - s["disk_bytes"] >= 32 << 20
+        checkpoint = _cli("checkpoint", s["id"], "--json")
+        (listed,) = [c for c in _cli("checkpoints", "--json") if c["id"] == checkpoint["id"]]
+        assert listed["disk_bytes"] >= max(checkpoint["size_bytes"], 32 << 20)
+        # The data moved to the checkpoint's frozen layer; the session's own top is new.
+        assert _cli("ls", "--json")[0]["disk_bytes"] < 8 << 20
+        box = Sandbox.connect(s["id"])  # embedded: the REST app in this process
+        try:
+            box.set_timeout(120)  # REST POST /v1/sessions/{id}/timeout
+            assert box.info.expires_at is not None and box.info.expires_at < s["expires_at"]
+        finally:
+            box.close()
+        never = _cli("timeout", s["id"], "0", "--json")
+        assert never["expires_at"] is None
+        pid = _qemu_pid(s["id"])
+        _cli("timeout", s["id"], "1")
+        time.sleep(1.5)
+        assert _cli("ls", "--json") == []  # every CLI call removes expired sessions
+        assert not is_running(pid, f"forkpoint-{s['id']}")
+        assert checkpoint["id"] in {c["id"] for c in _cli("checkpoints", "--json")}  # kept
+    finally:
+        subprocess.run([sys.executable, "-m", "forkpoint.cli.app", "rm", s["id"]], timeout=120)
+
+
+@pytest.mark.vm
+def test_the_server_reaper_removes_an_expired_session(tmp_path: Path) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "forkpoint.cli.app", "serve", "--socket", str(tmp_path / "s")],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        s = _cli("create", "--timeout", "3", "--json")
+        pid = _qemu_pid(s["id"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with Store.open(home()) as store:  # the store alone: no upkeep of our own
+                if not store.list_sessions():
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the server did not remove the expired session")
+        removed_after = time.monotonic() - deadline + 30
+        assert not is_running(pid, f"forkpoint-{s['id']}")
+        print(f"removed ≈ {removed_after:.1f} s after create (timeout 3 s)")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
