@@ -300,12 +300,12 @@ async def test_allow_lists_every_method_of_the_path(runtime: FakeRuntime) -> Non
         {"command": "true", "cwd": "relative"},
         {"command": "true", "env": {"A=B": "c"}},
         {"command": "true", "stdin": "not base64!", "stdin_encoding": "base64"},
+        5,  # not an object at all (was a 500: the union's discriminator read .background)
+        ["command"],
     ],
 )
 @sync
-async def test_exec_schema_states_the_constraints(
-    runtime: FakeRuntime, body: dict[str, Any]
-) -> None:
+async def test_exec_schema_states_the_constraints(runtime: FakeRuntime, body: object) -> None:
     async with _with_session(runtime) as client:
         response = await client.post(f"/v1/sessions/{SESSION.id}/exec", json=body)
         assert response.status_code == 422, response.text

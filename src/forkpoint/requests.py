@@ -248,7 +248,11 @@ class BackgroundExecRequest(_ExecBase):
 
 
 def _exec_kind(value: Any) -> str:
-    background = value.get("background") if isinstance(value, dict) else value.background
+    """The union's branch; anything but an object goes to foreground, which rejects it."""
+    if isinstance(value, dict):
+        background = value.get("background")
+    else:
+        background = getattr(value, "background", None)
     return "background" if background is True else "foreground"
 
 
