@@ -5,8 +5,9 @@
     ForkpointError                  exit 5, HTTP 500 (base: something went wrong)
     ├── InvalidInput                exit 2, HTTP 400  fix the request and retry
     │   ├── UnknownPackage          an image recipe names a package Debian lacks
-    │   └── GuestRefused            HTTP 409: the guest said no (a directory where a file
-    │                               was meant, permission denied, directory not empty, …)
+    │   ├── GuestRefused            HTTP 409: the guest said no (a directory where a file
+    │   │                           was meant, permission denied, directory not empty, …)
+    │   └── Unsatisfiable           HTTP 409: what exists cannot do it (disk below the image's)
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
     │   └── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
@@ -53,6 +54,7 @@ __all__ = [
     "NotFound",
     "QemuError",
     "UnknownPackage",
+    "Unsatisfiable",
     "code_for_status",
 ]
 
@@ -118,6 +120,14 @@ class GuestRefused(InvalidInput):
     InvalidInput to callers, who fix the request."""
 
     code = "guest_refused"
+    http_status = 409
+
+
+class Unsatisfiable(InvalidInput):
+    """A well-formed request that what exists cannot satisfy (a disk smaller than its
+    image's). HTTP 409, like :class:`GuestRefused`: no schema can state it."""
+
+    code = "unsatisfiable"
     http_status = 409
 
 

@@ -140,17 +140,31 @@ Command = Annotated[
 def _cidr(text: str) -> str:
     import ipaddress
 
-    try:
-        return str(ipaddress.ip_network(text.strip()))
+    try:  # host bits are cleared (10.1.2.3/16 is 10.1.0.0/16): the pattern cannot tell
+        return str(ipaddress.ip_network(text.strip(), strict=False))
     except ValueError as error:
         raise ValueError(f"{text!r} is not a CIDR ({error})") from None
 
 
+# What ipaddress.ip_network accepts, stated in the schema (an address, optionally /prefix):
+# the API fuzzer sends anything a pattern allows.
+_V4 = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_H = "[0-9a-fA-F]{1,4}"
+_CIDR_PATTERN = (
+    rf"^({_V4}(\.{_V4}){{3}}(/(3[0-2]|[12]?[0-9]))?"
+    rf"|(({_H}:){{7}}{_H}|({_H}:){{1,7}}:|({_H}:){{1,6}}:{_H}|({_H}:){{1,5}}(:{_H}){{1,2}}"
+    rf"|({_H}:){{1,4}}(:{_H}){{1,3}}|({_H}:){{1,3}}(:{_H}){{1,4}}|({_H}:){{1,2}}(:{_H}){{1,5}}"
+    rf"|{_H}:(:{_H}){{1,6}}|:((:{_H}){{1,7}}|:))(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?)$"
+)
+
 Cidr = Annotated[
     str,
     StringConstraints(max_length=64),
-    AfterValidator(_cidr),
-    Field(description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128)."),
+    AfterValidator(_cidr),  # says "not a CIDR" in words, where the pattern would be quoted
+    Field(
+        description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128).",
+        json_schema_extra={"pattern": _CIDR_PATTERN},
+    ),
 ]
 EgressRules = Annotated[tuple[Cidr, ...], Field(max_length=MAX_EGRESS_RULES)]
 

@@ -28,9 +28,9 @@ from forkpoint.errors import (
     Conflict,
     ForkpointError,
     InternalError,
-    InvalidInput,
     LimitExceeded,
     NotFound,
+    Unsatisfiable,
 )
 from forkpoint.images import Image, get_image
 from forkpoint.models import (
@@ -202,7 +202,7 @@ class Runtime(Queries):
             self._machine, request.image, request.memory_mib, request.cpus
         )
         if request.disk_mib is not None and request.disk_mib << 20 < img.recipe.disk_size:
-            raise InvalidInput(
+            raise Unsatisfiable(
                 f"--disk {request.disk_mib} MiB is smaller than image {img.name}'s disk "
                 f"({img.recipe.disk_size >> 20} MiB): disks only grow"
             )
