@@ -25,7 +25,9 @@ from forkpoint.errors import (
     ForkpointError,
     GuestRefused,
     InvalidInput,
+    LimitExceeded,
     NotFound,
+    Unsatisfiable,
 )
 from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
 from forkpoint.protocol import ErrorCode, ErrorInfo, Op
@@ -425,3 +427,21 @@ async def test_a_client_that_hangs_up_leaves_the_slot_to_the_work() -> None:
         await asyncio.sleep(0.4)
         assert runtime.started == 1
         assert (await client.post("/v1/sessions", json={})).status_code == 201
+
+
+@sync
+async def test_the_runtimes_own_limit_is_a_429_too() -> None:
+    """LimitExceeded (FORKPOINT_MAX_SESSIONS, the disk reserve) is a Busy: 429, Retry-After."""
+    runtime = FakeRuntime(fail=LimitExceeded("FORKPOINT_MAX_SESSIONS=32 reached"))
+    async with _client(runtime) as client:
+        refused = await client.post("/v1/sessions", json={})
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "5"
+        assert refused.json()["error"]["code"] == "limit_exceeded"
+    assert LimitExceeded("x").exit_code == 4
+
+
+def test_what_exists_cannot_satisfy_is_409_and_still_invalid_input() -> None:
+    error = Unsatisfiable("--disk 1 MiB is smaller than image default's disk")
+    assert isinstance(error, InvalidInput) and error.exit_code == 2
+    assert error.http_status == 409
