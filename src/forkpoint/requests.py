@@ -43,10 +43,10 @@ from forkpoint.models import (
 )
 
 __all__ = [
+    "BackgroundExecRequest",
     "Cidr",
     "CheckpointRequest",
     "Cpus",
-    "BackgroundExecRequest",
     "CreateSessionRequest",
     "ExecRequest",
     "ForegroundExecRequest",
