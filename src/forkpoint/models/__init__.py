@@ -28,7 +28,14 @@ if TYPE_CHECKING:
         ProcessEventKind,
         TrackedProcess,
     )
-    from forkpoint.models.wire import ErrorDetail, ErrorResponse, Health
+    from forkpoint.models.wire import (
+        ErrorDetail,
+        ErrorResponse,
+        Health,
+        Operation,
+        OperationKind,
+        OperationState,
+    )
     from forkpoint.protocol.models import DirEntry as FileEntry
     from forkpoint.protocol.models import ProcessInfo as Process
     from forkpoint.protocol.models import SpawnResult as BackgroundProcess
@@ -48,6 +55,9 @@ _LAZY = {
     "ErrorDetail": ("forkpoint.models.wire", "ErrorDetail"),
     "ErrorResponse": ("forkpoint.models.wire", "ErrorResponse"),
     "Health": ("forkpoint.models.wire", "Health"),
+    "Operation": ("forkpoint.models.wire", "Operation"),
+    "OperationKind": ("forkpoint.models.wire", "OperationKind"),
+    "OperationState": ("forkpoint.models.wire", "OperationState"),
 }
 
 
@@ -82,6 +92,9 @@ __all__ = [
     "Health",
     "Limits",
     "Network",
+    "Operation",
+    "OperationKind",
+    "OperationState",
     "OutputEncoding",
     "Port",
     "Process",
