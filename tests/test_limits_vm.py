@@ -124,9 +124,10 @@ def test_qemu_and_passt_are_in_the_session_cgroup_with_its_limits(
 def test_a_guest_using_all_its_memory_keeps_qemu_under_the_limit(
     rt: Runtime, session: Session
 ) -> None:
-    """Every guest page QEMU touches costs host memory twice until reclaimed (the RAM
-    file's page cache, then the private copy): the cgroup's usage reaches the limit, is
-    held there by reclaim, and the VM survives its guest's out-of-memory."""
+    """A guest that fills its RAM keeps its QEMU under the cgroup's limit, and the VM
+    survives its guest's out-of-memory. (Whether usage reaches the limit depends on who
+    the RAM file's page cache is charged to — the first cgroup that touched it, e.g. an
+    earlier session's — so only the bound is asserted.)"""
     memory = _enforcing(CgroupHost.detect()).get("memory")
     if memory is None:
         pytest.skip("no memory controller")
@@ -144,7 +145,6 @@ def test_a_guest_using_all_its_memory_keeps_qemu_under_the_limit(
     peak = int(_read(peak_file))
     anon = _anonymous_bytes(qemu)
     assert peak <= limit
-    assert peak >= 0.9 * limit, (peak, limit)  # the limit was reached: it bites
     assert anon >= 0.6 * (MEMORY_MIB << 20), anon  # the guest really filled its RAM
     assert run(rt.exec(session.id, "echo alive")).stdout == "alive\n"
     assert _pids(rt, session.id)[0] == qemu

@@ -4,17 +4,26 @@
 
     ForkpointError                  exit 5, HTTP 500 (base: something went wrong)
     ├── InvalidInput                exit 2, HTTP 400  fix the request and retry
-    │   └── UnknownPackage          an image recipe names a package Debian lacks
+    │   ├── UnknownPackage          an image recipe names a package Debian lacks
+    │   ├── GuestRefused            HTTP 409: the guest said no (a directory where a file
+    │   │                           was meant, permission denied, directory not empty, …)
+    │   └── Unsatisfiable           HTTP 409: what exists cannot do it (disk below the image's)
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
+    │   └── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
-    │   ├── LimitExceeded           a host limit (free disk reserve, session count) says no
+    │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
+    │   │   └── LimitExceeded       a host limit (free disk reserve, session count) says no
     │   └── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
         ├── QemuError               carries ``log_tail`` from QEMU's own log
         ├── AgentError              the in-guest agent misbehaved or went away
         └── ImageBuildError         building an image failed (``log_tail``)
+
+An error that waiting may cure answers HTTP 429 with a ``Retry-After`` header: any class
+with ``http_status = 429`` (``retry_after_s`` seconds, 1 unless the class or the error
+says otherwise).
 
 Every error has a stable ``code`` string (used in ``{"error": {"code", "message", …}}``),
 a CLI ``exit_code`` and an ``http_status``. Messages are one line. The structured fields
@@ -30,9 +39,12 @@ from typing import Any
 
 __all__ = [
     "AgentError",
+    "Busy",
     "CommandTimeout",
+    "CommandNotFound",
     "Conflict",
     "ForkpointError",
+    "GuestRefused",
     "ImageBuildError",
     "InUse",
     "IncompatibleCheckpoint",
@@ -42,6 +54,7 @@ __all__ = [
     "NotFound",
     "QemuError",
     "UnknownPackage",
+    "Unsatisfiable",
     "code_for_status",
 ]
 
@@ -54,6 +67,8 @@ class ForkpointError(Exception):
     http_status = 500
     #: Structured fields of this class, beyond ``message`` and ``log_tail``.
     fields: tuple[str, ...] = ()
+    #: For a 429: when a retry may succeed (HTTP ``Retry-After``); None: 1 s.
+    retry_after_s: float | None = None
 
     def __init__(self, message: str, *, log_tail: str = "") -> None:
         super().__init__(message)
@@ -98,10 +113,36 @@ class UnknownPackage(InvalidInput):
         self.package = package
 
 
+class GuestRefused(InvalidInput):
+    """A well-formed request the guest refused with its files and processes as they are:
+    a directory where a file was meant, permission denied, a directory not empty. HTTP
+    409 (the target's state, not the request's form, is the problem); still an
+    InvalidInput to callers, who fix the request."""
+
+    code = "guest_refused"
+    http_status = 409
+
+
+class Unsatisfiable(InvalidInput):
+    """A well-formed request that what exists cannot satisfy (a disk smaller than its
+    image's). HTTP 409, like :class:`GuestRefused`: no schema can state it."""
+
+    code = "unsatisfiable"
+    http_status = 409
+
+
 class NotFound(ForkpointError):
     code = "not_found"
     exit_code = 3
     http_status = 404
+
+
+class CommandNotFound(NotFound):
+    """A command's program or working directory is not in the guest. HTTP 409, not 404:
+    the request's target (the session) exists; a 404 would say it did not."""
+
+    code = "command_not_found"
+    http_status = 409
 
 
 class Conflict(ForkpointError):
@@ -114,10 +155,27 @@ class InUse(Conflict):
     code = "in_use"
 
 
-class LimitExceeded(Conflict):
+class Busy(Conflict):
+    """A limit of the API server (running sessions, operations at once) says not now;
+    nothing was started. Retry after ``retry_after_s`` seconds (HTTP 429, Retry-After)."""
+
+    code = "busy"
+    http_status = 429
+    fields = ("retry_after_s",)
+
+    retry_after_s: float | None = 1.0
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+
+class LimitExceeded(Busy):
     """The operation would cross a limit of the host (``config.HostLimits``); nothing was made."""
 
     code = "limit_exceeded"
+    retry_after_s = 5.0  # a session has to go, or disk be freed
 
 
 class IncompatibleCheckpoint(Conflict):

@@ -8,16 +8,23 @@ OpenAPI spec. Imported only where input is checked (not by ``forkpoint ls``).
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
+    TypeAdapter,
     ValidationError,
+    WithJsonSchema,
+    model_validator,
 )
 
 from forkpoint.errors import InvalidInput
@@ -36,13 +43,16 @@ from forkpoint.models import (
 )
 
 __all__ = [
+    "BackgroundExecRequest",
     "Cidr",
     "CheckpointRequest",
     "Cpus",
     "CreateSessionRequest",
     "ExecRequest",
+    "ForegroundExecRequest",
     "ForkCount",
     "ForkRequest",
+    "GuestPath",
     "GuestPort",
     "MemoryMiB",
     "Name",
@@ -73,25 +83,91 @@ Name = Annotated[
     StringConstraints(pattern=NAME_PATTERN),
     Field(description="1-63 of [A-Za-z0-9._-], starting with a letter or digit."),
 ]
-Ref = Annotated[str, StringConstraints(min_length=1, max_length=128)]  # an id or a name
-GuestPath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+# An id or a name: ids (ID_PATTERN) are names too, so nothing else can name anything.
+Ref = Annotated[str, StringConstraints(pattern=NAME_PATTERN), Field(description="An id or a name.")]
+# What the guest's agent accepts (protocol/models.py): absolute paths, no NUL anywhere
+# (execve and the kernel refuse it), no "=" in an environment variable's name.
+GuestPath = Annotated[
+    str,
+    StringConstraints(pattern=r"^/[^\x00]*$", max_length=4096),
+    Field(description="An absolute path in the guest."),
+]
+_NO_NUL = r"^[^\x00]*$"
+EnvKey = Annotated[str, StringConstraints(pattern=r"^[^=\x00]+$", max_length=256)]
+Env = Annotated[
+    dict[EnvKey, Annotated[str, StringConstraints(pattern=_NO_NUL, max_length=65536)]],
+    Field(max_length=1024),
+    # pydantic states key rules as patternProperties, which leave other keys unchecked
+    WithJsonSchema({
+        "type": "object",
+        "maxProperties": 1024,
+        "propertyNames": {"pattern": r"^[^=\x00]+$", "maxLength": 256},
+        "additionalProperties": {"type": "string", "pattern": _NO_NUL, "maxLength": 65536},
+    }),
+]  # fmt: skip
+# Exactly what base64.b64decode(validate=True) accepts.
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_Arg = Annotated[str, StringConstraints(pattern=_NO_NUL, max_length=65536)]
+_Program = Annotated[str, StringConstraints(pattern=_NO_NUL, min_length=1, max_length=65536)]
+
+
+def _schema_of(kind: Any) -> dict[str, Any]:
+    return TypeAdapter(kind).json_schema()
+
+
+def _program_named(argv: list[str]) -> list[str]:
+    if not argv[0]:
+        raise ValueError("the program (the command's first item) cannot be empty")
+    return argv
+
+
+Command = Annotated[
+    Annotated[
+        list[_Arg],
+        Field(min_length=1),
+        AfterValidator(_program_named),
+        WithJsonSchema(
+            {
+                "type": "array",
+                "minItems": 1,
+                "prefixItems": [_schema_of(_Program)],
+                "items": _schema_of(_Arg),
+            }
+        ),
+    ]
+    | Annotated[str, StringConstraints(pattern=_NO_NUL, min_length=1, max_length=1 << 20)],
+    Field(description="An argv list (run directly) or a string (run by /bin/sh -c)."),
+]
 
 
 def _cidr(text: str) -> str:
     import ipaddress
 
-    try:
-        return str(ipaddress.ip_network(text.strip()))
+    try:  # host bits are cleared (10.1.2.3/16 is 10.1.0.0/16): the pattern cannot tell
+        return str(ipaddress.ip_network(text.strip(), strict=False))
     except ValueError as error:
         raise ValueError(f"{text!r} is not a CIDR ({error})") from None
 
 
+# What ipaddress.ip_network accepts, stated in the schema (an address, optionally /prefix):
+# the API fuzzer sends anything a pattern allows.
+_V4 = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_H = "[0-9a-fA-F]{1,4}"
+_CIDR_PATTERN = (
+    rf"^({_V4}(\.{_V4}){{3}}(/(3[0-2]|[12]?[0-9]))?"
+    rf"|(({_H}:){{7}}{_H}|({_H}:){{1,7}}:|({_H}:){{1,6}}:{_H}|({_H}:){{1,5}}(:{_H}){{1,2}}"
+    rf"|({_H}:){{1,4}}(:{_H}){{1,3}}|({_H}:){{1,3}}(:{_H}){{1,4}}|({_H}:){{1,2}}(:{_H}){{1,5}}"
+    rf"|{_H}:(:{_H}){{1,6}}|:((:{_H}){{1,7}}|:))(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?)$"
+)
+
 Cidr = Annotated[
     str,
     StringConstraints(max_length=64),
-    AfterValidator(_cidr),
-    Field(description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128)."),
+    AfterValidator(_cidr),  # says "not a CIDR" in words, where the pattern would be quoted
+    Field(
+        description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128).",
+        json_schema_extra={"pattern": _CIDR_PATTERN},
+    ),
 ]
 EgressRules = Annotated[tuple[Cidr, ...], Field(max_length=MAX_EGRESS_RULES)]
 
@@ -101,12 +177,22 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _distinct(ports: tuple[int, ...]) -> tuple[int, ...]:
+    if len(set(ports)) != len(ports):
+        raise ValueError("a guest port is listed twice")
+    return ports
+
+
 class CreateSessionRequest(_Request):
     image: Name = "default"
     memory_mib: MemoryMiB = 512
     cpus: Cpus = 1
     name: Name | None = None
-    ports: Annotated[tuple[GuestPort, ...], Field(max_length=MAX_PORTS)] = ()
+    ports: Annotated[
+        tuple[GuestPort, ...],
+        Field(max_length=MAX_PORTS, json_schema_extra={"uniqueItems": True}),
+        AfterValidator(_distinct),
+    ] = ()
     network: Network = Network.USER
     allow_net: EgressRules = Field(
         default=(), description="CIDRs the guest may reach despite the default egress denies."
@@ -126,24 +212,74 @@ class TimeoutRequest(_Request):
     timeout_s: TimeoutS | None
 
 
-class ExecRequest(_Request):
-    """``command``: an argv list (run directly) or a string (run by ``/bin/sh -c``)."""
-
-    command: (
-        Annotated[list[Annotated[str, StringConstraints(max_length=65536)]], Field(min_length=1)]
-        | Annotated[str, StringConstraints(min_length=1, max_length=1 << 20)]
-    )
+class _ExecBase(_Request):
+    command: Command
     cwd: GuestPath | None = None
-    env: Annotated[
-        dict[EnvKey, Annotated[str, StringConstraints(max_length=65536)]], Field(max_length=1024)
-    ] = {}
+    env: Env = {}
+
+
+class ForegroundExecRequest(_ExecBase):
+    """Run ``command`` to completion and answer with its result. ``stdin``: text, or
+    base64 with ``stdin_encoding: "base64"``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"stdin_encoding": {"const": "base64"}},
+                "required": ["stdin_encoding"],
+            },
+            "then": {
+                "properties": {
+                    "stdin": {"anyOf": [{"type": "string", "pattern": _BASE64}, {"type": "null"}]}
+                }
+            },
+        }
+    )
+
+    background: Literal[False] = False
     stdin: Annotated[str, StringConstraints(max_length=16 << 20)] | None = None
     stdin_encoding: OutputEncoding = "text"
     timeout: Annotated[float, Field(gt=0, le=7 * 86400, description="Seconds.")] | None = None
-    background: bool = False
     output_encoding: OutputEncoding = Field(
         default="text", description="How stdout/stderr are returned: UTF-8 text (lossy) or base64."
     )
+
+    @model_validator(mode="after")
+    def _stdin_decodes(self) -> ForegroundExecRequest:
+        if self.stdin is not None and self.stdin_encoding == "base64":
+            if not re.fullmatch(_BASE64, self.stdin):
+                raise ValueError("stdin is not valid base64")
+        return self
+
+    def stdin_bytes(self) -> bytes | None:
+        """``stdin`` decoded."""
+        if self.stdin is None:
+            return None
+        if self.stdin_encoding == "base64":
+            return base64.b64decode(self.stdin, validate=True)
+        return self.stdin.encode()
+
+
+class BackgroundExecRequest(_ExecBase):
+    """Start ``command`` detached and answer at once (no stdin, no timeout)."""
+
+    background: Literal[True]
+
+
+def _exec_kind(value: Any) -> str:
+    """The union's branch; anything but an object goes to foreground, which rejects it."""
+    if isinstance(value, dict):
+        background = value.get("background")
+    else:
+        background = getattr(value, "background", None)
+    return "background" if background is True else "foreground"
+
+
+ExecRequest = Annotated[
+    Annotated[ForegroundExecRequest, Tag("foreground")]
+    | Annotated[BackgroundExecRequest, Tag("background")],
+    Discriminator(_exec_kind),
+]
 
 
 class PortRequest(_Request):
@@ -195,6 +331,11 @@ def parse(model: type[M], **fields: Any) -> M:
         raise InvalidInput(describe_invalid(error.errors())) from error
 
 
+# Parts of an error's location that name no field: the body itself, a union's tag or
+# branch ("foreground", "list[constrained-str]", "function-after[...]").
+_NOT_A_FIELD = re.compile(r"^(body|foreground|background|[a-z-]+\[.*\]|constrained-\w+|str)$")
+
+
 def describe_invalid(problems: Iterable[Mapping[str, Any]]) -> str:
     """One line from pydantic's error list: ``memory_mib: Input should be ≥ 128; …``."""
     parts = []
@@ -202,6 +343,6 @@ def describe_invalid(problems: Iterable[Mapping[str, Any]]) -> str:
         if item.get("type") == "json_invalid":
             detail = (item.get("ctx") or {}).get("error", "")
             return f"malformed JSON body: {detail}".rstrip(": ")
-        loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+        loc = ".".join(str(p) for p in item.get("loc", ()) if not _NOT_A_FIELD.match(str(p)))
         parts.append(f"{loc}: {item.get('msg', 'invalid')}" if loc else str(item.get("msg")))
     return "; ".join(parts) or "invalid request"

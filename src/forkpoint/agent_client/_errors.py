@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from ..errors import AgentError, CommandTimeout, Conflict, ForkpointError, InvalidInput, NotFound
-from ..protocol import ErrorCode, ErrorInfo
+from ..errors import (
+    AgentError,
+    CommandNotFound,
+    CommandTimeout,
+    Conflict,
+    ForkpointError,
+    GuestRefused,
+    InvalidInput,
+    NotFound,
+)
+from ..protocol import ErrorCode, ErrorInfo, Op
 
 __all__ = ["error_from_agent"]
+
+_RUNS_A_COMMAND = frozenset({Op.EXEC, Op.SPAWN, Op.PROC_START})
 
 
 def error_from_agent(
@@ -17,6 +28,8 @@ def error_from_agent(
     """
     code, message = error.code, error.message
     if code == ErrorCode.NOT_FOUND:
+        if op in _RUNS_A_COMMAND:  # "command not found", "working directory not found"
+            return CommandNotFound(message)
         return NotFound(message)
     if code == ErrorCode.CONFLICT:
         return Conflict(message)
@@ -26,7 +39,13 @@ def error_from_agent(
             "the image and create a new session)"
         )
     if code in (ErrorCode.INVALID_INPUT, ErrorCode.PERMISSION_DENIED):
-        return InvalidInput(message)
+        # The host checked the arguments before sending them: what the agent still
+        # refuses is the guest's state (is a directory, permission denied, ...).
+        return GuestRefused(message)
+    if code == ErrorCode.IO_ERROR:
+        # The guest's own filesystem or network said no (EBUSY removing /dev, ENOSPC,
+        # EROFS, a refused guest port): its state, not a failure of forkpoint.
+        return GuestRefused(f"{op}: {message}")
     if code == ErrorCode.TOO_LARGE:
         return InvalidInput(f"{op}: {message}")
     if code == ErrorCode.TIMEOUT and command is not None and timeout_s is not None:

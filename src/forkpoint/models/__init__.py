@@ -35,7 +35,14 @@ if TYPE_CHECKING:
         ProcessChange,
         StateDiff,
     )
-    from forkpoint.models.wire import ErrorDetail, ErrorResponse, Health
+    from forkpoint.models.wire import (
+        ErrorDetail,
+        ErrorResponse,
+        Health,
+        Operation,
+        OperationKind,
+        OperationState,
+    )
     from forkpoint.protocol.models import DirEntry as FileEntry
     from forkpoint.protocol.models import ProcessInfo as Process
     from forkpoint.protocol.models import SpawnResult as BackgroundProcess
@@ -60,6 +67,9 @@ _LAZY = {
     "PortChange": ("forkpoint.models.history", "PortChange"),
     "ProcessChange": ("forkpoint.models.history", "ProcessChange"),
     "StateDiff": ("forkpoint.models.history", "StateDiff"),
+    "Operation": ("forkpoint.models.wire", "Operation"),
+    "OperationKind": ("forkpoint.models.wire", "OperationKind"),
+    "OperationState": ("forkpoint.models.wire", "OperationState"),
 }
 
 
@@ -96,6 +106,9 @@ __all__ = [
     "HistoryStep",
     "Limits",
     "Network",
+    "Operation",
+    "OperationKind",
+    "OperationState",
     "OutputEncoding",
     "Port",
     "PortChange",

@@ -28,9 +28,9 @@ from forkpoint.errors import (
     Conflict,
     ForkpointError,
     InternalError,
-    InvalidInput,
     LimitExceeded,
     NotFound,
+    Unsatisfiable,
 )
 from forkpoint.images import Image, get_image
 from forkpoint.models import (
@@ -63,6 +63,7 @@ from forkpoint.store import (
 )
 from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
 from forkpoint.vm.egress import EgressPolicy
+from forkpoint.vm.process import is_running
 
 from . import processes
 from .agents import AgentPool
@@ -71,6 +72,7 @@ from .checkpoints import Checkpointer, CheckpointOrigin
 from .cleanup import collect_layers, destroy_session, kill_session_processes
 from .disksize import grow_block_device, grow_filesystem
 from .egress import policy_of
+from .hostfit import check_host_fits
 from .limits import sweep_cgroups
 from .lineage import lineage, rollback_target
 from .machines import (
@@ -133,7 +135,11 @@ class Runtime(Queries):
         return self._checkpoints.files(checkpoint_id)
 
     def _machine(self, image: str, memory_mib: int, cpus: int) -> tuple[Image, MachineShape]:
-        """The image and the machine shape to run it on (blocking: may probe KVM)."""
+        """The image and the machine shape to run it on (blocking: may probe KVM).
+
+        :raises Conflict: the host has less memory (RAM + swap) or fewer CPUs than that.
+        """
+        check_host_fits(memory_mib, cpus)
         found = get_image(image, self.home.images)
         accel = detect_accel(self.build, self.home.cache, found.kernel)
         return found, MachineShape.for_build(self.build, accel, memory_mib, cpus)
@@ -205,7 +211,7 @@ class Runtime(Queries):
             self._machine, request.image, request.memory_mib, request.cpus
         )
         if request.disk_mib is not None and request.disk_mib << 20 < img.recipe.disk_size:
-            raise InvalidInput(
+            raise Unsatisfiable(
                 f"--disk {request.disk_mib} MiB is smaller than image {img.name}'s disk "
                 f"({img.recipe.disk_size >> 20} MiB): disks only grow"
             )
@@ -675,6 +681,11 @@ class Runtime(Queries):
     async def _connect_agent(self, record: SessionRecord) -> AgentClient:
         files = self.files(record.id)
         async with session_lock_async(self.home, record.id):
+            if not is_running(record.qemu_pid, files.name):
+                # Its QEMU exited since it was looked up (the guest rebooted or panicked).
+                raise Conflict(
+                    f"session {record.id} has crashed; roll it back: forkpoint rollback {record.id}"
+                )
             # A forkpoint process killed mid-checkpoint leaves the VM paused: resume it.
             machine = await Machine.adopt(files, record.qemu_pid or 0)
             try:

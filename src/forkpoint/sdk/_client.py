@@ -10,10 +10,15 @@ values. Where the requests go is only the transport's business (httpx's design):
 
 Errors come back as the :mod:`forkpoint.errors` class the server raised, with the same
 structured fields (``ForkpointError.from_dict``).
+
+Create, fork, checkpoint and rollback answer within the server's bound (5 s by default)
+or with 202 and an operation; :meth:`ApiClient._long` then polls the operation until it
+ends, so callers see one call that returns the result or raises its error either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -47,7 +52,7 @@ T = TypeVar("T")
 
 # Reads wait as long as a guest command may run; connecting must be quick.
 _TIMEOUT = httpx.Timeout(30.0, read=None)
-_SLOT = TypeAdapter(Session | ErrorResponse)
+_POLL_FIRST_S, _POLL_MAX_S = 0.1, 2.0  # polling an operation: doubling intervals, capped
 
 
 def error_from_response(status: int, payload: object) -> ForkpointError:
@@ -135,11 +140,31 @@ class ApiClient:
         response = await self._request(method, path, **kwargs)
         return TypeAdapter(kind).validate_json(response.content)
 
+    async def _long(self, kind: Any, method: str, path: str, **kwargs: Any) -> Any:
+        """A create, fork, checkpoint or rollback: its answer, or — when the server answered
+        202 with an operation — the operation's result once it ended (its error raised)."""
+        response = await self._request(method, path, **kwargs)
+        adapter = TypeAdapter(kind)
+        if response.status_code != 202:
+            return adapter.validate_json(response.content)
+        operation = response.json()
+        interval = _POLL_FIRST_S
+        while operation.get("state") == "running":
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, _POLL_MAX_S)
+            operation = (
+                await self._request("GET", f"/operations/{_seg(operation['operation_id'])}")
+            ).json()
+        if operation.get("state") != "succeeded":
+            raise error_from_response(500, {"error": operation.get("error")})
+        return adapter.validate_python(operation.get("result"))
+
     # -- sessions ----------------------------------------------------------------------
 
     async def create(self, **request: Any) -> Session:
         """``request``: the fields of :class:`~forkpoint.models.CreateSessionRequest`."""
-        return await self._parse(Session, "POST", "/sessions", json=request)
+        session: Session = await self._long(Session, "POST", "/sessions", json=request)
+        return session
 
     async def get(self, session: str) -> Session:
         return await self._parse(Session, "GET", f"/sessions/{_seg(session)}")
@@ -156,7 +181,8 @@ class ApiClient:
 
     async def rollback(self, session: str, checkpoint: str | None) -> Session:
         path = f"/sessions/{_seg(session)}/rollback"
-        return await self._parse(Session, "POST", path, json={"checkpoint": checkpoint})
+        rolled: Session = await self._long(Session, "POST", path, json={"checkpoint": checkpoint})
+        return rolled
 
     async def rollback_preview(
         self, session: str, checkpoint: str | None, patch: bool
@@ -220,7 +246,8 @@ class ApiClient:
 
     async def checkpoint(self, session: str, name: str | None) -> Checkpoint:
         url = f"/sessions/{_seg(session)}/checkpoints"
-        return await self._parse(Checkpoint, "POST", url, json={"name": name})
+        made: Checkpoint = await self._long(Checkpoint, "POST", url, json={"name": name})
+        return made
 
     async def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         return await self._parse(Checkpoint, "GET", f"/checkpoints/{_seg(checkpoint)}")
@@ -234,8 +261,9 @@ class ApiClient:
 
     async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
         url = f"/checkpoints/{_seg(checkpoint)}/fork"
-        response = await self._request("POST", url, json={"count": count})
-        slots = [_SLOT.validate_python(slot) for slot in response.json()]
+        slots: list[Session | ErrorResponse] = await self._long(
+            list[Session | ErrorResponse], "POST", url, json={"count": count}
+        )
         return [
             ForkpointError.from_dict(asdict(s.error)) if isinstance(s, ErrorResponse) else s
             for s in slots

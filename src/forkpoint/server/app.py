@@ -1,29 +1,37 @@
 """The REST API: a thin FastAPI shell over :class:`~forkpoint.runtime.Runtime` under ``/v1``.
 
 Every handler awaits one runtime call; sessions are protected by the runtime's
-inter-process locks, so nothing here coordinates anything. Errors always have the shape
-``{"error": {"code", "message"}}``: a :class:`~forkpoint.errors.ForkpointError` maps to
-its ``http_status`` (400 bad input, 404 unknown id, 409 wrong state, 408 command timeout),
-request validation to 422, oversized bodies to 413, a missing/wrong token to 401.
+inter-process locks. What this layer adds: the heavy calls (create, fork, checkpoint,
+rollback) are admitted by :mod:`~forkpoint.server.admission` (429 + ``Retry-After`` past a
+limit) and answer within a bounded ``wait`` or with a 202 operation to poll
+(:mod:`~forkpoint.server.operations`). Responses carry OpenAPI links from each new id to
+the operations that take it. Errors always have the shape ``{"error": {"code",
+"message"}}``: a :class:`~forkpoint.errors.ForkpointError` maps to its ``http_status``
+(400 bad input, 404 unknown id, 409 wrong state, 408 command timeout, 429 busy), request
+validation to 422, oversized bodies to 413, a missing/wrong token to 401.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
+import math
+import signal as signals
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import Scope
 
 from forkpoint import __version__
+from forkpoint.config import MAX_WAIT_S, ApiLimits
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
@@ -33,17 +41,22 @@ from forkpoint.models import (
     FileEntry,
     Health,
     HistoryStep,
+    Operation,
+    OperationKind,
     Port,
     Process,
     Session,
+    SessionState,
     StateDiff,
 )
 from forkpoint.requests import (
+    BackgroundExecRequest,
     CheckpointRequest,
     CreateSessionRequest,
     DiffRequest,
     ExecRequest,
     ForkRequest,
+    GuestPath,
     PortRequest,
     Ref,
     RollbackPreviewRequest,
@@ -54,7 +67,9 @@ from forkpoint.requests import (
 )
 from forkpoint.runtime import Runtime
 
+from .admission import Admission, count_live
 from .middleware import BearerAuth, BodyLimit, BodyTooLarge
+from .operations import Operations
 from .ui import UiLogin, ui_router
 
 __all__ = ["DEFAULT_MAX_JSON_BYTES", "DEFAULT_MAX_UPLOAD_BYTES", "create_app"]
@@ -76,17 +91,70 @@ _STATUS_CODES = {
     413: "too_large",
     415: "unsupported_media_type",
     422: "invalid_input",
+    429: "busy",
 }
 
 SessionId = Annotated[Ref, PathParam(description="Session id or name.")]
 CheckpointId = Annotated[Ref, PathParam(description="Checkpoint id or name.")]
-GuestPathQuery = Annotated[
-    str, Query(min_length=1, max_length=4096, description="Absolute path in the guest.")
+GuestPathQuery = Annotated[GuestPath, Query()]
+# What remove_file accepts: not the root (the agent refuses "/", "//", ...).
+RemovablePathQuery = Annotated[
+    str,
+    Query(
+        pattern=r"^/[^\x00]*[^/\x00][^\x00]*$",
+        max_length=4096,
+        description="An absolute path in the guest, not /.",
+    ),
 ]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 408, 409, 413, 422)
 }
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+_OPERATION = TypeAdapter(Operation)
+Wait = Annotated[
+    float,
+    Query(
+        ge=0,
+        le=MAX_WAIT_S,
+        description="Seconds to wait for the result before answering 202 with an operation "
+        "to poll.",
+    ),
+]
+_RETRY_AFTER = {"description": "Seconds before a retry may succeed.", "schema": {"type": "integer"}}
+# The answers only a heavy call (create, fork, checkpoint, rollback) gives.
+_HEAVY: dict[int | str, dict[str, Any]] = {
+    202: {
+        "model": Operation,
+        "description": "Still running after `wait` seconds: poll the operation (Location).",
+        "headers": {
+            "Location": {"description": "The operation's URL.", "schema": {"type": "string"}},
+            "Retry-After": _RETRY_AFTER,
+        },
+        "links": {
+            "GetOperation": {
+                "operationId": "get_operation",
+                "parameters": {"operation_id": "$response.body#/operation_id"},
+            }
+        },
+    },
+    429: {
+        "model": ErrorResponse,
+        "description": "A limit of the server (running sessions, heavy calls at once); retry "
+        "after Retry-After seconds.",
+        "headers": {"Retry-After": _RETRY_AFTER},
+    },
+}
+# A signal by number (0: only check the process exists) or name, with or without "SIG".
+_SIGNAL_PATTERN = (
+    "^([0-9]|[1-5][0-9]|6[0-4]|(SIG)?("
+    + "|".join(sorted({name.removeprefix("SIG") for name in signals.Signals.__members__}))
+    + "))$"
+)
+
+
+def _operation_id(route: APIRoute) -> str:
+    """The handler's name: what OpenAPI links and clients refer to operations by."""
+    return route.name
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -99,11 +167,23 @@ def create_app(
     token: str | None = None,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    limits: ApiLimits | None = None,
     login_token: str | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``runtime``. With ``token``, every request but ``/v1/health``
-    needs ``Authorization: Bearer <token>``. Body caps in bytes. ``login_token``: the
-    one-time token of the web page's login URL (``/ui/login?token=``; see ``ui.py``)."""
+    needs ``Authorization: Bearer <token>``. Body caps in bytes; ``limits``: what it
+    admits (default: from the environment, :meth:`ApiLimits.from_env`). ``login_token``:
+    the one-time token of the web page's login URL (``/ui/login?token=``; see ``ui.py``)."""
+    if limits is None:
+        try:
+            limits = ApiLimits.from_env()
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
+    admission = Admission(
+        limits,
+        lambda: count_live([session.state for session in runtime.list_sessions()]),
+    )
+    operations = Operations()
     app = FastAPI(
         title="forkpoint",
         version=__version__,
@@ -111,29 +191,38 @@ def create_app(
         openapi_url="/v1/openapi.json",
         docs_url="/v1/docs",
         redoc_url=None,
+        generate_unique_id_function=_operation_id,
     )
+    app.state.admission = admission
+    app.state.operations = operations
 
     @app.exception_handler(ForkpointError)
     async def _forkpoint_error(_: Request, error: ForkpointError) -> JSONResponse:
-        return JSONResponse({"error": error.to_dict()}, status_code=error.http_status)
+        response = JSONResponse({"error": error.to_dict()}, status_code=error.http_status)
+        if error.http_status == 429:
+            response.headers["retry-after"] = str(math.ceil(error.retry_after_s or 1))
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         return _error(422, "invalid_input", describe_invalid(error.errors()))
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, error: HTTPException) -> Response:
+    async def _http(request: Request, error: HTTPException) -> Response:
         code = _STATUS_CODES.get(error.status_code, "error")
         response = _error(error.status_code, code, str(error.detail))
         if error.headers:
             response.headers.update(error.headers)
+        if error.status_code == 405:
+            # Starlette names the methods of the first route matching the path only.
+            response.headers["allow"] = ", ".join(_allowed_methods(app, request.scope))
         return response
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, error: Exception) -> JSONResponse:
         return _error(500, "internal", f"internal error: {type(error).__name__}: {error}")
 
-    app.include_router(_router(runtime, max_upload_bytes))
+    app.include_router(_router(runtime, max_upload_bytes, admission, operations))
     app.include_router(ui_router(runtime))
 
     def limit_for(scope: Scope) -> int:
@@ -149,8 +238,30 @@ def create_app(
     return app
 
 
-def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
+def _router(
+    runtime: Runtime, max_upload_bytes: int, admission: Admission, operations: Operations
+) -> APIRouter:
     r = APIRouter(prefix="/v1", responses=_ERRORS)
+    default_wait = admission.limits.wait_s
+
+    async def heavy(
+        kind: OperationKind, target: str | None, work: Callable[[], Awaitable[Any]],
+        wait: float, new_sessions: int = 0,
+    ) -> Any:  # fmt: skip
+        """Admit, run and wait (bounded) for one heavy operation: its value, or a 202."""
+        ticket = await admission.admit(new_sessions)
+        # The slot is the task's from here: released when the work ends, not when this
+        # request does (a client that hangs up does not stop the work, nor free its slot).
+        value, operation = await operations.run(
+            kind, target, work, wait, on_done=ticket.release,
+        )  # fmt: skip
+        if operation is None:
+            return value
+        return JSONResponse(
+            _OPERATION.dump_python(operation, mode="json"),
+            status_code=202,
+            headers={"location": f"/v1/operations/{operation.operation_id}", "retry-after": "1"},
+        )
 
     @r.get("/health", tags=["meta"])
     async def health() -> Health:
@@ -158,11 +269,23 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
 
     # -- sessions ----------------------------------------------------------------------
 
-    @r.post("/sessions", status_code=201, tags=["sessions"])
-    async def create_session(body: CreateSessionRequest) -> Session:
-        return await runtime.create(**body.model_dump())
+    @r.post(
+        "/sessions",
+        status_code=201,
+        tags=["sessions"],
+        responses={**_HEAVY, 201: {"links": _session_links("$response.body#/id")}},
+    )
+    async def create_session(body: CreateSessionRequest, wait: Wait = default_wait) -> Session:
+        async def work() -> Session:
+            return await runtime.create(**body.model_dump())
 
-    @r.get("/sessions", tags=["sessions"])
+        return await heavy(OperationKind.CREATE, None, work, wait, new_sessions=1)  # type: ignore[no-any-return]
+
+    @r.get(
+        "/sessions",
+        tags=["sessions"],
+        responses={200: {"links": _session_links("$response.body#/0/id")}},
+    )
     async def list_sessions() -> list[Session]:
         return await asyncio.to_thread(runtime.list_sessions)
 
@@ -180,9 +303,23 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         """The session is removed ``timeout_s`` seconds from now (null: never)."""
         return await runtime.set_timeout(session_id, body.timeout_s)
 
-    @r.post("/sessions/{session_id}/rollback", tags=["sessions"])
-    async def rollback(session_id: SessionId, body: RollbackRequest) -> Session:
-        return await runtime.rollback(session_id, body.checkpoint)
+    @r.post(
+        "/sessions/{session_id}/rollback",
+        tags=["sessions"],
+        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/id")}},
+    )
+    async def rollback(
+        session_id: SessionId, body: RollbackRequest, wait: Wait = default_wait
+    ) -> Session:
+        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+        reviving = session.state not in (SessionState.RUNNING, SessionState.CREATING)
+
+        async def work() -> Session:
+            return await runtime.rollback(session_id, body.checkpoint)
+
+        return await heavy(  # type: ignore[no-any-return]
+            OperationKind.ROLLBACK, session.id, work, wait, new_sessions=int(reviving)
+        )
 
     # -- history and diffs -------------------------------------------------------------
 
@@ -213,27 +350,29 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         "/sessions/{session_id}/exec",
         tags=["commands"],
         summary="Run a command (to completion, or in the background)",
+        responses={
+            200: {
+                "links": {
+                    "KillProcess": {
+                        "operationId": "kill_process",
+                        "parameters": {
+                            "session_id": "$request.path.session_id",
+                            "pid": "$response.body#/pid",
+                        },
+                    }
+                }
+            }
+        },
     )
     async def exec_command(
         session_id: SessionId, body: ExecRequest
     ) -> CommandResult | BackgroundProcess:
-        command: str | list[str] = body.command
-        if body.background:
-            if body.stdin is not None or body.timeout is not None:
-                raise InvalidInput("stdin and timeout do not apply to a background command")
+        command = body.command if isinstance(body.command, str) else list(body.command)
+        if isinstance(body, BackgroundExecRequest):
             return await runtime.spawn(session_id, command, cwd=body.cwd, env=body.env)
-        stdin: bytes | None = None
-        if body.stdin is not None:
-            if body.stdin_encoding == "base64":
-                try:
-                    stdin = base64.b64decode(body.stdin, validate=True)
-                except (binascii.Error, ValueError) as error:
-                    raise InvalidInput("stdin is not valid base64") from error
-            else:
-                stdin = body.stdin.encode()
         return await runtime.exec(
-            session_id, command, cwd=body.cwd, env=body.env, stdin=stdin, timeout=body.timeout,
-            output_encoding=body.output_encoding,
+            session_id, command, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(),
+            timeout=body.timeout, output_encoding=body.output_encoding,
         )  # fmt: skip
 
     @r.get("/sessions/{session_id}/processes", tags=["commands"])
@@ -244,7 +383,9 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
     async def kill_process(
         session_id: SessionId,
         pid: Annotated[int, PathParam(ge=2, le=1 << 22)],
-        signal: Annotated[str, Query(pattern=r"^([0-9]{1,2}|[A-Za-z0-9]{2,12})$")] = "TERM",
+        signal: Annotated[
+            str, Query(pattern=_SIGNAL_PATTERN, description="A signal number or name.")
+        ] = "TERM",
     ) -> Response:
         await runtime.kill_process(session_id, pid, int(signal) if signal.isdigit() else signal)
         return Response(status_code=204)
@@ -278,6 +419,7 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         openapi_extra={"requestBody": {"required": True, "content": _OCTETS}},
         tags=["files"],
         summary=f"Write a file (raw body, at most {max_upload_bytes} bytes)",
+        responses={204: {"links": _written_file_links()}},
     )
     async def write_file(
         session_id: SessionId,
@@ -298,7 +440,7 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         return Response(status_code=204)
 
     @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"])
-    async def remove_file(session_id: SessionId, path: GuestPathQuery) -> Response:
+    async def remove_file(session_id: SessionId, path: RemovablePathQuery) -> Response:
         await runtime.remove_file(session_id, path)
         return Response(status_code=204)
 
@@ -318,13 +460,25 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         "/sessions/{session_id}/checkpoints",
         status_code=201,
         tags=["checkpoints"],
+        responses={**_HEAVY, 201: {"links": _checkpoint_links()}},
     )
-    async def checkpoint(session_id: SessionId, body: CheckpointRequest) -> Checkpoint:
-        return await runtime.checkpoint(session_id, body.name)
+    async def checkpoint(
+        session_id: SessionId, body: CheckpointRequest, wait: Wait = default_wait
+    ) -> Checkpoint:
+        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
 
-    @r.get("/checkpoints", tags=["checkpoints"])
+        async def work() -> Checkpoint:
+            return await runtime.checkpoint(session_id, body.name)
+
+        return await heavy(OperationKind.CHECKPOINT, session.id, work, wait)  # type: ignore[no-any-return]
+
+    @r.get(
+        "/checkpoints",
+        tags=["checkpoints"],
+        responses={200: {"links": _checkpoint_links("$response.body#/0/id", rollback=False)}},
+    )
     async def list_checkpoints(
-        session: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+        session: Annotated[Ref | None, Query(description="Only this session's.")] = None,
     ) -> list[Checkpoint]:
         return await asyncio.to_thread(runtime.list_checkpoints, session)
 
@@ -341,12 +495,126 @@ def _router(runtime: Runtime, max_upload_bytes: int) -> APIRouter:
         "/checkpoints/{checkpoint_id}/fork",
         tags=["checkpoints"],
         summary="Start sessions from a checkpoint; a failed fork is an error in its slot",
+        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/0/id")}},
     )
-    async def fork(checkpoint_id: CheckpointId, body: ForkRequest) -> list[Session | ErrorResponse]:
-        results = await runtime.fork(checkpoint_id, body.count)
-        return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
+    async def fork(
+        checkpoint_id: CheckpointId, body: ForkRequest, wait: Wait = default_wait
+    ) -> list[Session | ErrorResponse]:
+        source = await asyncio.to_thread(runtime.get_checkpoint, checkpoint_id)  # 404 first
+
+        async def work() -> list[Session | ErrorResponse]:
+            results = await runtime.fork(checkpoint_id, body.count)
+            return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
+
+        return await heavy(  # type: ignore[no-any-return]
+            OperationKind.FORK, source.id, work, wait, new_sessions=body.count
+        )
+
+    # -- operations --------------------------------------------------------------------
+
+    @r.get("/operations", tags=["operations"])
+    async def list_operations() -> list[Operation]:
+        return operations.list()
+
+    @r.get(
+        "/operations/{operation_id}",
+        tags=["operations"],
+        summary="How a create, fork, checkpoint or rollback answered with 202 is going",
+    )
+    async def get_operation(
+        operation_id: Annotated[str, PathParam(pattern=r"^op-[0-9a-f]{10}$")],
+    ) -> Operation:
+        return operations.get(operation_id)
 
     return r
+
+
+_SESSION_TARGETS = {
+    # operation id -> its other parameters (constants a fresh session satisfies)
+    "get_session": {},
+    "remove_session": {},
+    "rollback": {},
+    "exec_command": {},
+    "processes": {},
+    "read_file": {"path": "/etc/hostname"},
+    "write_file": {},
+    "remove_file": {"path": "/var/tmp"},
+    "list_files": {"path": "/"},
+    "forward_port": {},
+    "checkpoint": {},
+    "set_timeout": {},
+    "rollback_preview": {},
+    "history": {},
+    "undo": {},
+}
+
+
+def _session_links(session_id: str) -> dict[str, Any]:
+    """OpenAPI links from a response carrying a session's id to every operation on it:
+    what tells a client (and a stateful fuzzer) where the id goes."""
+    links: dict[str, Any] = {
+        _link_name(target): {
+            "operationId": target,
+            "parameters": {"session_id": session_id, **extra},
+        }
+        for target, extra in _SESSION_TARGETS.items()
+    }
+    links["ListCheckpoints"] = {
+        "operationId": "list_checkpoints",
+        "parameters": {"session": session_id},
+    }
+    # A background process to signal (exec's answer links its pid to kill_process).
+    links["StartBackground"] = {
+        "operationId": "exec_command",
+        "parameters": {"session_id": session_id},
+        "requestBody": {"command": ["sleep", "600"], "background": True},
+        "x-schemathesis": {"merge_body": False},
+    }
+    return links
+
+
+def _checkpoint_links(
+    checkpoint_id: str = "$response.body#/id", *, rollback: bool = True
+) -> dict[str, Any]:
+    """Links from a checkpoint's id to the operations on it (and, from the request that
+    made it, to rolling its session back to it)."""
+    links: dict[str, Any] = {
+        _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
+        for target in ("get_checkpoint", "remove_checkpoint", "fork")
+    }
+    links["Fork"]["requestBody"] = {"count": 1}
+    if not rollback:
+        return links
+    links["RollbackTo"] = {
+        "operationId": "rollback",
+        "parameters": {"session_id": "$request.path.session_id"},
+        "requestBody": {"checkpoint": checkpoint_id},
+    }
+    return links
+
+
+def _written_file_links() -> dict[str, Any]:
+    where = {"session_id": "$request.path.session_id", "path": "$request.query.path"}
+    return {
+        _link_name(target): {"operationId": target, "parameters": where}
+        for target in ("read_file", "remove_file")
+    }
+
+
+def _link_name(operation_id: str) -> str:
+    return "".join(part.capitalize() for part in operation_id.split("_"))
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route serves at the request's path."""
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in app.routes)
+    ]
 
 
 async def _drain(spool: IO[bytes]) -> AsyncIterator[bytes]:
