@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from forkpoint.config import Home
+from forkpoint.errors import InvalidInput
 from forkpoint.guest import scan as guest_scan
 from forkpoint.models import to_json_data
 from forkpoint.models.history import DEFAULT_DIFF_EXCLUDE
@@ -122,6 +123,8 @@ def test_exclusions_and_patches() -> None:
     assert "/tmp" in exclusions(False) and "/tmp" not in exclusions(True)
     assert set(DEFAULT_DIFF_EXCLUDE) - {"/tmp"} <= set(exclusions(True, ("/var/cache/",)))
     assert "/var/cache" in exclusions(False, ("/var/cache/",))
+    with pytest.raises(InvalidInput):
+        exclusions(False, ("relative/path",))
     patch = unified_patch("/etc/x", b"a\nb\n", b"a\nc\n")
     assert patch is not None and "-b\n+c\n" in patch and patch.startswith("--- a/etc/x")
     assert unified_patch("/x", None, b"new") == (

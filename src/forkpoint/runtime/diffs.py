@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkpoint.errors import InvalidInput
 from forkpoint.models import FileChange, PortChange, ProcessChange, StateDiff
 from forkpoint.models.history import DEFAULT_DIFF_EXCLUDE, FileType
 from forkpoint.protocol import ListeningSocket, ProcessInfo, ScanResult, from_wire, to_wire
@@ -58,6 +59,10 @@ class Scan:
 
 
 def exclusions(include_tmp: bool, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The paths a diff leaves out. :raises InvalidInput: one is not absolute."""
+    for path in exclude:
+        if not path.startswith("/") or "\0" in path:
+            raise InvalidInput(f"--exclude wants absolute guest paths, not {path!r}")
     base = [p for p in DEFAULT_DIFF_EXCLUDE if not (include_tmp and p == "/tmp")]
     return tuple(sorted({*base, *(p.rstrip("/") or "/" for p in exclude)}))
 

@@ -157,8 +157,8 @@ async def diff_states(
         is not running.
     """
     started = time.perf_counter()
-    first, second = await asyncio.to_thread(_resolve, runtime, a, b)
     excluded = exclusions(include_tmp, exclude)
+    first, second = await asyncio.to_thread(_resolve, runtime, a, b)
     async with _sides(runtime, first, second, excluded) as (old, new):
         scans = await asyncio.gather(old.scan(), new.scan())
         old_scan, new_scan = (parse_scan(s, excluded) for s in scans)
