@@ -384,7 +384,11 @@ def test_spawn_survives_the_client_and_ps_kill(tmp_path: Path, guest_root: Path)
             async with await agent.client() as c2:
                 assert c2.info is not None and agent.proc is not None
                 assert c2.info.pid == agent.proc.pid  # the same agent process
-                procs = {p.pid: p for p in await c2.ps()}
+                for _ in range(250):  # the shell execs sleep when it gets to run
+                    procs = {p.pid: p for p in await c2.ps()}
+                    if procs[sp.pid].cmd == "sleep 60":
+                        break
+                    await asyncio.sleep(0.02)
                 assert procs[sp.pid].cmd == "sleep 60"
                 assert procs[sp.pid].ppid == agent.proc.pid
                 assert "forkpoint.guest.agent" in procs[agent.proc.pid].cmd
