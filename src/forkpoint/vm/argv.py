@@ -39,13 +39,14 @@ def build_argv(
     ram: Path,
     jail: Jail,
     *,
-    network: bool,
+    net_fd: int | None,
     incoming: bool = False,
     console_file: bool = False,
 ) -> list[str]:
     """The full argv. ``incoming``: wait for a device state to restore (``-incoming defer``).
 
-    ``network``: the NIC's backend is a stream socket for passt (see :mod:`.net`), which
+    ``net_fd``: a listening unix socket, inherited, the NIC's backend for passt (see
+    :mod:`.net`; None: no network), which
     must be connected before the VM runs: QEMU 7.2 crashes sending to an unconnected
     stream netdev (e.g. the announcement after a restore). Without, it sits alone on a
     hub. The backend is not part of the saved state; the NIC is.
@@ -74,7 +75,7 @@ def build_argv(
         *(arg for fd in disk_fds for arg in ("-add-fd", f"fd={fd},set=1,opaque={disk_path}")),
         "-drive", f"id=d0,file={FDSET_PREFIX}1,format=qcow2,if=none",
         "-device", "virtio-blk-device,drive=d0",
-        "-netdev", _netdev(files, network),
+        "-netdev", _netdev(net_fd),
         "-device", "virtio-net-device,netdev=n0",
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=ag,path={files.agent_socket},server=on,wait=off",
@@ -108,7 +109,10 @@ def _accel(shape: MachineShape) -> str:
     return f"tcg,tb-size={TCG_TB_MIB}" if shape.accel == "tcg" else shape.accel
 
 
-def _netdev(files: VmFiles, network: bool) -> str:
-    if network:
-        return f"stream,id=n0,server=on,addr.type=unix,addr.path={files.net_socket}"
+def _netdev(net_fd: int | None) -> str:
+    # The listening socket is forkpoint's, inherited: QEMU 7.2 binds a stream netdev's
+    # own socket asynchronously, which can come after a jailed QEMU's chroot (the bind
+    # then fails inside the empty root and passt finds no socket).
+    if net_fd is not None:
+        return f"stream,id=n0,server=on,addr.type=fd,addr.str={net_fd}"
     return "hubport,id=n0,hubid=0"

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from forkpoint.errors import QemuError
@@ -95,12 +96,13 @@ class Machine:
             create_sparse(ram, shape.memory_mib << 20)
         # A booting guest waits (-S) until QEMU is in its cgroup; a restore waits anyway.
         hold = cgroup is not None and not incoming
-        with disk_fds(disk) as fds:
+        with disk_fds(disk) as fds, _listening(files.net_socket, network) as net_fd:
             argv = build_argv(
                 build, shape, boot, files, (disk, fds), ram, jail,
-                network=network, incoming=incoming, console_file=console_file,
+                net_fd=net_fd, incoming=incoming, console_file=console_file,
             )  # fmt: skip
-            pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log, fds)
+            inherited = fds if net_fd is None else (*fds, net_fd)
+            pid = spawn_detached(argv + ["-S"] if hold else argv, files.qemu_log, inherited)
         # Moved while QEMU starts up (a cgroup move can wait for an RCU grace period,
         # milliseconds), and always before its guest runs.
         attached = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, pid)) if cgroup else None
@@ -418,6 +420,19 @@ class Machine:
                 await self._qmp.run("migrate_cancel")
                 raise QemuError(f"{self.files.name}: saving the VM state timed out")
             await asyncio.sleep(0.001)
+
+
+@contextlib.contextmanager
+def _listening(path: Path, wanted: bool) -> Iterator[int | None]:
+    """A unix socket listening at ``path`` for QEMU to inherit (None if not ``wanted``);
+    closed here once QEMU has its copy."""
+    if not wanted:
+        yield None
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        yield listener.fileno()
 
 
 def _start_failed(files: VmFiles, pid: int, error: QemuError) -> QemuError:
