@@ -1,5 +1,9 @@
 """schemathesis hooks for ``test_api_fuzz.py`` (loaded through ``SCHEMATHESIS_HOOKS``).
 
+Every other generated create keeps a short history (``history``, ``history_keep``: 2
+checkpoints) unless the fuzzer chose itself: a link can carry an id, not a body field, so
+this is how ``history`` and ``undo`` meet sessions that have steps.
+
 Two failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
 the hooks can see:
 
@@ -14,12 +18,14 @@ with 200 after that very file was removed still fails the run.
 
 from __future__ import annotations
 
+from itertools import count
 from typing import Any
 
 import schemathesis
 
 _removed: dict[str, str] = {}  # case id of a DELETE .../files -> the path it removed
 _expiring: set[str] = set()  # sessions made or set to expire
+_creates = count()
 
 
 def _guest_path(case: Any) -> str | None:
@@ -39,6 +45,18 @@ def _expires(case: Any, response: Any) -> str | None:
         answer = response.json()
         return str(answer.get("id")) if isinstance(answer, dict) else None
     return None
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    operation = context.operation
+    creating = operation is not None and (operation.method.upper(), operation.path) == (
+        "POST",
+        "/v1/sessions",
+    )
+    if creating and isinstance(body, dict) and "history" not in body and next(_creates) % 2:
+        return {**body, "history": True, "history_keep": 2}
+    return body
 
 
 @schemathesis.hook

@@ -39,7 +39,8 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 CAP = 3  # FORKPOINT_API_MAX_SESSIONS of the fuzzed server
 HEAVY = 2  # FORKPOINT_API_MAX_HEAVY: one operation the fuzzer stopped waiting for, one more
 RUNS = (("examples,coverage,fuzzing", 25), ("stateful", 60))  # phases, seconds each
-FOCUSED_S = 30  # a last stateful run towards operations still without a 2xx, if any
+FOCUSED_S = 30  # a last stateful run towards operations still without a 2xx, if any ...
+FOCUSED_RUNS = 2  # ... and one more if some are still missing
 _LIVE = (SessionState.RUNNING, SessionState.CREATING)
 # Longer scenarios than the default 6 steps (create -> checkpoint -> fork -> exec -> ...),
 # along the spec's own links only: links schemathesis infers from field names (any "id"
@@ -268,11 +269,13 @@ def _fuzz(client: httpx.Client, fuzz_home: Path) -> None:
             _settle_and_clean(client)
         # A stateful scenario picks among ~70 link rules; an operation two links deep
         # (create -> background exec -> kill) can miss out by chance. One more short
-        # stateful run follows only the links that lead to what got no 2xx yet.
-        missed = _without_2xx(_tally(_operations(spec), [e for r in runs for e in r.entries]))
-        if missed:
+        # stateful run (or two) follows only the links that lead to what got no 2xx yet.
+        for attempt in range(FOCUSED_RUNS):
+            missed = _without_2xx(_tally(_operations(spec), [e for r in runs for e in r.entries]))
+            if not missed:
+                break
             only = _leading_to(spec, {spec_ids[op] for op in missed})
-            out = fuzz_home.parent / "stateful-focused"
+            out = fuzz_home.parent / f"stateful-focused-{attempt}"
             runs.append(_schemathesis(url, token, "stateful", FOCUSED_S, out, only))
             _settle_and_clean(client)
     finally:

@@ -7,6 +7,7 @@ process (same PID, in-memory count continuing) and to files across the operation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
+from forkpoint.errors import Conflict, IncompatibleCheckpoint, NotFound, QemuError
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
@@ -234,6 +235,33 @@ def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, end
         finally:
             await rt.remove(session.id)
         await rt.remove_checkpoint(ck.id)
+
+    run(scenario())
+
+
+def test_a_command_cut_short_by_a_rollback_or_rm_is_a_conflict_not_an_agent_error(
+    rt: Runtime,
+) -> None:
+    """The fuzzer's 500: a file write racing a rollback lost its agent. The caller raced
+    the rollback (409) or the rm (404); forkpoint did not fail."""
+
+    async def scenario() -> None:
+        session = await rt.create()
+        try:
+            await rt.checkpoint(session.id)
+            running = asyncio.create_task(rt.exec(session.id, "sleep 60"))
+            await asyncio.sleep(1)  # the command is in the guest
+            await rt.rollback(session.id)
+            with pytest.raises(Conflict, match="rolled back while the request ran"):
+                await running
+            running = asyncio.create_task(rt.exec(session.id, "sleep 60"))
+            await asyncio.sleep(1)
+            await rt.remove(session.id)
+            with pytest.raises(NotFound, match="removed while the request ran"):
+                await running
+        finally:
+            with contextlib.suppress(NotFound):
+                await rt.remove(session.id)
 
     run(scenario())
 

@@ -25,6 +25,7 @@ from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
 from forkpoint.errors import (
+    AgentError,
     Conflict,
     ForkpointError,
     InternalError,
@@ -94,6 +95,9 @@ from .upkeep import expires_after
 __all__ = ["Runtime"]
 
 _AGENT_LOCK_TIMEOUT_S = 600.0  # another process's connection may serve a long exec
+# A lost agent connection waits this long for an operation on the session (rollback, rm)
+# to finish, to tell the caller what happened.
+_LOST_AGENT_WAIT_S = 30.0
 
 
 class Runtime(Queries):
@@ -673,10 +677,30 @@ class Runtime(Queries):
         one connection (requests run side by side); another process waits until this
         one's users are done."""
         record = await asyncio.to_thread(self._require_running, session, locked=False)
-        async with self._agents.use(
-            record.id, record.generation, lambda: self._connect_agent(record)
-        ) as client:
-            yield client
+        try:
+            async with self._agents.use(
+                record.id, record.generation, lambda: self._connect_agent(record)
+            ) as client:
+                yield client
+        except AgentError as error:
+            raise await self._explain_lost_agent(record, error) from error
+
+    async def _explain_lost_agent(self, record: SessionRecord, error: AgentError) -> ForkpointError:
+        """Why a session's agent went away mid-request: a rollback, undo or rm that ran
+        meanwhile is the caller's race (404/409), not forkpoint's fault (500). Such an
+        operation holds the session lock until the store says what it did."""
+        with contextlib.suppress(Conflict):  # held too long: judge by the record as it is
+            async with session_lock_async(self.home, record.id, timeout_s=_LOST_AGENT_WAIT_S):
+                pass
+        try:
+            now = await asyncio.to_thread(self.store.get_session, record.id)
+        except NotFound:
+            return NotFound(f"session {record.id} was removed while the request ran")
+        if now.generation != record.generation:
+            return Conflict(f"session {record.id} was rolled back while the request ran")
+        if now.state != SessionState.RUNNING:
+            return Conflict(f"session {record.id} is {now.state} (it stopped during the request)")
+        return error
 
     async def _connect_agent(self, record: SessionRecord) -> AgentClient:
         files = self.files(record.id)

@@ -141,7 +141,7 @@ class ApiClient:
         return TypeAdapter(kind).validate_json(response.content)
 
     async def _long(self, kind: Any, method: str, path: str, **kwargs: Any) -> Any:
-        """A create, fork, checkpoint or rollback: its answer, or — when the server answered
+        """A create, fork, checkpoint, rollback or undo: its answer, or — when the server answered
         202 with an operation — the operation's result once it ended (its error raised)."""
         response = await self._request(method, path, **kwargs)
         adapter = TypeAdapter(kind)
@@ -200,7 +200,8 @@ class ApiClient:
 
     async def undo(self, session: str, steps: int) -> Session:
         path = f"/sessions/{_seg(session)}/undo"
-        return await self._parse(Session, "POST", path, json={"steps": steps})
+        undone: Session = await self._long(Session, "POST", path, json={"steps": steps})
+        return undone
 
     # -- commands ----------------------------------------------------------------------
 

@@ -323,26 +323,61 @@ def _router(
 
     # -- history and diffs -------------------------------------------------------------
 
-    @r.post("/sessions/{session_id}/rollback/preview", tags=["history"])
+    async def admitted(scratch_sessions: int, work: Callable[[], Awaitable[Any]]) -> Any:
+        """A heavy call answered in the request (no operation): a diff or preview boots a
+        short-lived fork of each checkpoint it looks at, so it counts against the caps."""
+        ticket = await admission.admit(scratch_sessions)
+        try:
+            return await work()
+        finally:
+            ticket.release()
+
+    @r.post(
+        "/sessions/{session_id}/rollback/preview",
+        tags=["history"],
+        responses={429: _HEAVY[429]},
+    )
     async def rollback_preview(session_id: SessionId, body: RollbackPreviewRequest) -> StateDiff:
         """What the rollback would undo (files, processes, listening ports); changes nothing."""
-        return await runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
+        await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+        return await admitted(  # type: ignore[no-any-return]
+            1, lambda: runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
+        )
 
-    @r.post("/diff", tags=["history"])
+    @r.post("/diff", tags=["history"], responses={429: _HEAVY[429]})
     async def diff(body: DiffRequest) -> StateDiff:
         """What changed from checkpoint or session ``a`` to ``b``."""
-        return await runtime.diff(
-            body.a, body.b, patch=body.patch, include_tmp=body.include_tmp, exclude=body.exclude
+        return await admitted(  # type: ignore[no-any-return]
+            2,
+            lambda: runtime.diff(
+                body.a,
+                body.b,
+                patch=body.patch,
+                include_tmp=body.include_tmp,
+                exclude=body.exclude,
+            ),
         )
 
     @r.get("/sessions/{session_id}/history", tags=["history"])
     async def history(session_id: SessionId) -> list[HistoryStep]:
         return await asyncio.to_thread(runtime.history, session_id)
 
-    @r.post("/sessions/{session_id}/undo", tags=["history"])
-    async def undo(session_id: SessionId, body: UndoRequest) -> Session:
+    @r.post(
+        "/sessions/{session_id}/undo",
+        tags=["history"],
+        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/id")}},
+    )
+    async def undo(session_id: SessionId, body: UndoRequest, wait: Wait = default_wait) -> Session:
         """Roll back to before the last ``steps`` steps, processes included."""
-        return await runtime.undo(session_id, body.steps)
+        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+        reviving = session.state not in (SessionState.RUNNING, SessionState.CREATING)
+
+        async def work() -> Session:
+            return await runtime.undo(session_id, body.steps)
+
+        return await heavy(  # type: ignore[no-any-return]
+            OperationKind.ROLLBACK, session.id, work, wait, new_sessions=int(reviving)
+        )
 
     # -- commands ----------------------------------------------------------------------
 
@@ -359,7 +394,12 @@ def _router(
                             "session_id": "$request.path.session_id",
                             "pid": "$response.body#/pid",
                         },
-                    }
+                    },
+                    # In a session keeping history, every command is a step to undo.
+                    "Undo": {
+                        "operationId": "undo",
+                        "parameters": {"session_id": "$request.path.session_id"},
+                    },
                 }
             }
         },
@@ -563,6 +603,9 @@ def _session_links(session_id: str) -> dict[str, Any]:
         "operationId": "list_checkpoints",
         "parameters": {"session": session_id},
     }
+    # Without a checkpoint named, the session's own default (a generated id names none).
+    for target in ("Rollback", "RollbackPreview"):
+        links[target]["requestBody"] = {"checkpoint": None}
     # A background process to signal (exec's answer links its pid to kill_process).
     links["StartBackground"] = {
         "operationId": "exec_command",
@@ -577,7 +620,7 @@ def _checkpoint_links(
     checkpoint_id: str = "$response.body#/id", *, rollback: bool = True
 ) -> dict[str, Any]:
     """Links from a checkpoint's id to the operations on it (and, from the request that
-    made it, to rolling its session back to it)."""
+    made it, to rolling its session back to it, previewing that, and diffing since)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
         for target in ("get_checkpoint", "remove_checkpoint", "fork")
@@ -589,6 +632,11 @@ def _checkpoint_links(
         "operationId": "rollback",
         "parameters": {"session_id": "$request.path.session_id"},
         "requestBody": {"checkpoint": checkpoint_id},
+    }
+    links["PreviewRollbackTo"] = {**links["RollbackTo"], "operationId": "rollback_preview"}
+    links["DiffSince"] = {
+        "operationId": "diff",
+        "requestBody": {"a": checkpoint_id, "b": "$request.path.session_id"},
     }
     return links
 
