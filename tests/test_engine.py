@@ -165,6 +165,20 @@ def test_rollback_brings_back_files_and_the_killed_process(rt: Runtime, parent: 
     run(scenario())
 
 
+def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:
+    """No periodic 250 Hz tick while idle (the CPU has ARAT): a sleeping guest takes far
+    fewer local timer interrupts than 250 a second."""
+    script = (
+        "grep -c 'nohz_mode *: [12]' /proc/timer_list; "
+        "a=$(awk '/LOC:/{print $2}' /proc/interrupts); sleep 4; "
+        "b=$(awk '/LOC:/{print $2}' /proc/interrupts); echo $((b - a))"
+    )
+    result = run(rt.exec(parent.id, ["sh", "-c", script]))
+    nohz_cpus, interrupts = (int(n) for n in result.stdout.split())
+    assert nohz_cpus >= 1, result.stdout
+    assert interrupts < 4 * 100, f"{interrupts} local timer interrupts in 4 s"
+
+
 def test_chains_five_levels_deep(rt: Runtime, parent: Session) -> None:
     """checkpoint a fork, fork the fork, roll back a fork, checkpoint a rolled-back one."""
 
