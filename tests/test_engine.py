@@ -22,7 +22,13 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from forkpoint.errors import Conflict, IncompatibleCheckpoint, NotFound, QemuError
+from forkpoint.errors import (
+    Conflict,
+    IncompatibleCheckpoint,
+    NotFound,
+    QemuError,
+    UnknownCheckpoint,
+)
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
@@ -163,6 +169,16 @@ def test_rollback_brings_back_files_and_the_killed_process(rt: Runtime, parent: 
         assert rt.get(parent.id).parent_checkpoint == ck.id
 
     run(scenario())
+
+
+def test_rolling_back_to_an_unknown_checkpoint_names_it(rt: Runtime, parent: Session) -> None:
+    """The session exists, the checkpoint in the request does not: a NotFound that REST
+    answers with 409, not the 404 that would say the session is gone (found by fuzzing)."""
+    for call in (rt.rollback, rt.rollback_preview):
+        with pytest.raises(UnknownCheckpoint, match="unknown checkpoint: c-0000000000") as caught:
+            run(call(parent.id, "c-0000000000"))
+        assert isinstance(caught.value, NotFound) and caught.value.http_status == 409
+    assert rt.get(parent.id).state == "running"
 
 
 def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:

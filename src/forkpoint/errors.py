@@ -9,7 +9,9 @@
     │   │                           was meant, permission denied, directory not empty, …)
     │   └── Unsatisfiable           HTTP 409: what exists cannot do it (disk below the image's)
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
-    │   └── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
+    │   ├── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
+    │   └── UnknownCheckpoint       HTTP 409: the session exists, the checkpoint its request
+    │                               names (to roll back to) not
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
     │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
@@ -53,6 +55,7 @@ __all__ = [
     "LimitExceeded",
     "NotFound",
     "QemuError",
+    "UnknownCheckpoint",
     "UnknownPackage",
     "Unsatisfiable",
     "code_for_status",
@@ -142,6 +145,14 @@ class CommandNotFound(NotFound):
     the request's target (the session) exists; a 404 would say it did not."""
 
     code = "command_not_found"
+    http_status = 409
+
+
+class UnknownCheckpoint(NotFound):
+    """The checkpoint a request on a session names in its body (a rollback's target) does
+    not exist. HTTP 409 like :class:`CommandNotFound`: the URL's session does."""
+
+    code = "unknown_checkpoint"
     http_status = 409
 
 

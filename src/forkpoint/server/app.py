@@ -603,9 +603,6 @@ def _session_links(session_id: str) -> dict[str, Any]:
         "operationId": "list_checkpoints",
         "parameters": {"session": session_id},
     }
-    # Without a checkpoint named, the session's own default (a generated id names none).
-    for target in ("Rollback", "RollbackPreview"):
-        links[target]["requestBody"] = {"checkpoint": None}
     # A background process to signal (exec's answer links its pid to kill_process).
     links["StartBackground"] = {
         "operationId": "exec_command",
