@@ -23,9 +23,10 @@ def cli(*args: str, code: int = 0, timeout: float = 300) -> subprocess.Completed
     return done
 
 
-def cli_json(*args: str) -> Any:
-    """``forkpoint ARGS --json``, parsed."""
-    return json.loads(cli(*args, "--json").stdout)
+def cli_json(command: str, *args: str) -> Any:
+    """``forkpoint COMMAND --json ARGS``, parsed (the flag before ARGS: an ``exec``'s
+    guest command after ``--`` must not get it)."""
+    return json.loads(cli(command, "--json", *args).stdout)
 
 
 def remove_sessions(*session_ids: str) -> None:

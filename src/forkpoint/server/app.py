@@ -323,10 +323,10 @@ def _router(
 
     # -- history and diffs -------------------------------------------------------------
 
-    async def admitted(scratch_sessions: int, work: Callable[[], Awaitable[Any]]) -> Any:
-        """A heavy call answered in the request (no operation): a diff or preview boots a
-        short-lived fork of each checkpoint it looks at, so it counts against the caps."""
-        ticket = await admission.admit(scratch_sessions)
+    async def with_scratch(scratch_sessions: int, work: Callable[[], Awaitable[Any]]) -> Any:
+        """A diff or preview boots a short-lived fork of each checkpoint it looks at: those
+        count against the session cap while it runs (not against the heavy slots)."""
+        ticket = await admission.admit(scratch_sessions, heavy=False)
         try:
             return await work()
         finally:
@@ -340,14 +340,14 @@ def _router(
     async def rollback_preview(session_id: SessionId, body: RollbackPreviewRequest) -> StateDiff:
         """What the rollback would undo (files, processes, listening ports); changes nothing."""
         await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
-        return await admitted(  # type: ignore[no-any-return]
+        return await with_scratch(  # type: ignore[no-any-return]
             1, lambda: runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
         )
 
     @r.post("/diff", tags=["history"], responses={429: _HEAVY[429]})
     async def diff(body: DiffRequest) -> StateDiff:
         """What changed from checkpoint or session ``a`` to ``b``."""
-        return await admitted(  # type: ignore[no-any-return]
+        return await with_scratch(  # type: ignore[no-any-return]
             2,
             lambda: runtime.diff(
                 body.a,
