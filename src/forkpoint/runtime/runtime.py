@@ -605,6 +605,12 @@ class Runtime(Queries):
             self, a, b, include_tmp=include_tmp, exclude=tuple(exclude), patch=patch
         )
 
+    def diff_forks(self, a: str, b: str | None = None) -> int:
+        """How many short-lived forks :meth:`diff` of ``a`` and ``b`` may start (0–2)."""
+        from .inspect import scratch_forks
+
+        return scratch_forks(self, a, b)
+
     async def rollback_preview(
         self, session: str, checkpoint: str | None = None, *, patch: bool = False
     ) -> StateDiff:

@@ -347,8 +347,9 @@ def _router(
     @r.post("/diff", tags=["history"], responses={429: _HEAVY[429]})
     async def diff(body: DiffRequest) -> StateDiff:
         """What changed from checkpoint or session ``a`` to ``b``."""
+        forks = await asyncio.to_thread(runtime.diff_forks, body.a, body.b)  # 404 before 429
         return await with_scratch(  # type: ignore[no-any-return]
-            2,
+            forks,
             lambda: runtime.diff(
                 body.a,
                 body.b,
