@@ -226,8 +226,9 @@ def _without_2xx(statuses: dict[str, Counter[int]]) -> list[str]:
 
 
 def _leading_to(spec: dict[str, Any], targets: set[str]) -> set[str]:
-    """``targets``, the operations linking straight to them, and create (where every
-    chain of links starts)."""
+    """``targets``, the operations linking straight to them, create (where every chain
+    of links starts) and remove (without it the run fills the session cap in seconds and
+    every create after that is a 429)."""
     links = [
         (op["operationId"], link["operationId"])
         for item in spec["paths"].values()
@@ -236,7 +237,8 @@ def _leading_to(spec: dict[str, Any], targets: set[str]) -> set[str]:
         for link in response.get("links", {}).values()
     ]
     sources = {source for source, target in links if target in targets}
-    return set(targets) | sources - {"list_sessions", "list_checkpoints"} | {"create_session"}
+    always = {"create_session", "remove_session"}
+    return set(targets) | sources - {"list_sessions", "list_checkpoints"} | always
 
 
 def test_schemathesis_reaches_every_operation(served: tuple[str, str, Path]) -> None:
