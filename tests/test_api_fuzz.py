@@ -40,7 +40,7 @@ CAP = 3  # FORKPOINT_API_MAX_SESSIONS of the fuzzed server
 HEAVY = 2  # FORKPOINT_API_MAX_HEAVY: one operation the fuzzer stopped waiting for, one more
 RUNS = (("examples,coverage,fuzzing", 25), ("stateful", 60))  # phases, seconds each
 FOCUSED_S = 30  # a last stateful run towards operations still without a 2xx, if any ...
-FOCUSED_RUNS = 2  # ... and one more if some are still missing
+FOCUSED_RUNS = 4  # ... while some are still missing (a loaded host gets fewer requests in)
 _LIVE = (SessionState.RUNNING, SessionState.CREATING)
 # Longer scenarios than the default 6 steps (create -> checkpoint -> fork -> exec -> ...),
 # along the spec's own links only: links schemathesis infers from field names (any "id"
@@ -269,9 +269,9 @@ def _fuzz(client: httpx.Client, fuzz_home: Path) -> None:
         for phases, seconds in RUNS:
             runs.append(_schemathesis(url, token, phases, seconds, fuzz_home.parent / phases))
             _settle_and_clean(client)
-        # A stateful scenario picks among ~70 link rules; an operation two links deep
-        # (create -> background exec -> kill) can miss out by chance. One more short
-        # stateful run (or two) follows only the links that lead to what got no 2xx yet.
+        # A stateful scenario picks among ~100 link rules; an operation two links deep
+        # (create -> background exec -> kill) can miss out by chance. Short stateful runs
+        # follow only the links leading to what got no 2xx yet, while anything is missing.
         for attempt in range(FOCUSED_RUNS):
             missed = _without_2xx(_tally(_operations(spec), [e for r in runs for e in r.entries]))
             if not missed:
