@@ -1,0 +1,318 @@
+"""Where portable checkpoints are kept: an S3-compatible bucket, or one tar archive.
+
+Both hold the same keys under one root: ``blobs/<sha256>`` (RAM packs, device states, disk
+layers; each zstd-compressed, named by the sha256 of its stored bytes),
+``manifests/<sha256>`` (a checkpoint's portable manifest, named by its own digest) and
+``refs/<name>`` (a name: the digest it points at). Objects are immutable, so writing one
+that exists is skipped: an interrupted push or pull is simply run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+from forkpoint.errors import InvalidInput, NotFound
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+__all__ = ["ObjectStore", "S3Store", "TarReader", "TarWriter", "TransferCounter", "sha256_file"]
+
+_MULTIPART = 64 << 20  # objects larger than this go up in parts (S3 caps one PUT at 5 GiB)
+_PART = 16 << 20
+_READ = 1 << 20
+
+
+@dataclass
+class TransferCounter:
+    """Bytes and objects moved, for the report (and the lineage test)."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    sent_objects: int = 0
+    skipped_objects: int = 0
+    received_objects: int = 0
+    keys_received: list[str] = field(default_factory=list)
+
+
+class ObjectStore(Protocol):
+    counter: TransferCounter
+
+    def has(self, key: str) -> bool: ...
+    def put_file(self, key: str, path: Path) -> None: ...
+    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def get_file(self, key: str, dest: Path) -> None: ...
+    def describe(self) -> str: ...
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_READ):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class S3Store:
+    """``s3://BUCKET/PREFIX`` through boto3. The endpoint and credentials come from the
+    usual AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, …) unless given.
+    Path-style addressing: what self-hosted servers (MinIO, localbucket, Ceph) all take."""
+
+    def __init__(self, url: str, endpoint: str | None = None) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise InvalidInput(f"not an S3 URL: {url!r} (expected s3://BUCKET/PREFIX)")
+        import boto3
+        from botocore.config import Config
+
+        self.url = url
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.counter = TransferCounter()
+        self._client: S3Client = boto3.client(
+            "s3",
+            endpoint_url=endpoint or None,
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": 5, "mode": "standard"},
+                # Checksums on every request only where asked: not every S3-compatible
+                # server knows the newer trailing-checksum headers.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
+
+    def describe(self) -> str:
+        return self.url
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def has(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as error:
+            if _status(error) == 404:
+                return False
+            raise _s3_error(error, f"HEAD {key}") from error
+        return True
+
+    def put_file(self, key: str, path: Path) -> None:
+        if self.has(key):
+            self.counter.skipped_objects += 1
+            return
+        size = path.stat().st_size
+        if size > _MULTIPART:
+            self._put_multipart(key, path)
+        else:
+            self.put_bytes(key, path.read_bytes())
+            return
+        self.counter.sent_bytes += size
+        self.counter.sent_objects += 1
+
+    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None:
+        """One PUT; an immutable object is written only if absent (``If-None-Match: *``:
+        two pushes racing to write it both succeed, once)."""
+        from botocore.exceptions import ClientError
+
+        extra: dict[str, Any] = {} if overwrite else {"IfNoneMatch": "*"}
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
+        except ClientError as error:
+            if _status(error) == 412:
+                self.counter.skipped_objects += 1
+                return  # written meanwhile: same name, same bytes
+            raise _s3_error(error, f"PUT {key}") from error
+        self.counter.sent_bytes += len(data)
+        self.counter.sent_objects += 1
+
+    def _put_multipart(self, key: str, path: Path) -> None:
+        from botocore.exceptions import ClientError
+
+        full = self._key(key)
+        upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=full)
+        upload_id = upload["UploadId"]
+        try:
+            parts = []
+            with path.open("rb") as f:
+                number = 1
+                while chunk := f.read(_PART):
+                    answer = self._client.upload_part(
+                        Bucket=self.bucket, Key=full, UploadId=upload_id,
+                        PartNumber=number, Body=chunk,
+                    )  # fmt: skip
+                    parts.append({"ETag": answer["ETag"], "PartNumber": number})
+                    number += 1
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=full, UploadId=upload_id,
+                MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+            )  # fmt: skip
+        except ClientError as error:
+            with contextlib.suppress(ClientError):
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id
+                )
+            raise _s3_error(error, f"upload {key}") from error
+
+    def get_bytes(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            data = answer["Body"].read()
+        except ClientError as error:
+            raise _s3_error(error, f"GET {key}") from error
+        self._received(key, len(data))
+        return data
+
+    def get_file(self, key: str, dest: Path) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            size = 0
+            with dest.open("wb") as out:
+                for chunk in answer["Body"].iter_chunks(_READ):
+                    out.write(chunk)
+                    size += len(chunk)
+        except ClientError as error:
+            raise _s3_error(error, f"GET {key}") from error
+        self._received(key, size)
+
+    def _received(self, key: str, size: int) -> None:
+        self.counter.received_bytes += size
+        self.counter.received_objects += 1
+        self.counter.keys_received.append(key)
+
+
+def _status(error: Exception) -> int:
+    response: dict[str, Any] = getattr(error, "response", {}) or {}
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _s3_error(error: Exception, what: str) -> Exception:
+    from forkpoint.errors import InternalError
+
+    if _status(error) == 404:
+        return NotFound(f"not in the store: {what.split(' ', 1)[1]}")
+    return InternalError(f"S3 {what} failed: {error}")
+
+
+class TarWriter:
+    """A new tar archive holding the objects of one export (blobs are already compressed,
+    so the tar itself is not)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.counter = TransferCounter()
+        self._names: set[str] = set()
+        self._tar = tarfile.open(path, "w")
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    def has(self, key: str) -> bool:
+        return key in self._names
+
+    def put_file(self, key: str, path: Path) -> None:
+        if key in self._names:
+            return
+        self._tar.add(path, arcname=key, recursive=False, filter=_plain)
+        self._sent(key, path.stat().st_size)
+
+    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None:
+        if key in self._names and not overwrite:
+            return
+        info = _plain(tarfile.TarInfo(key))
+        info.size = len(data)
+        self._tar.addfile(info, io.BytesIO(data))
+        self._sent(key, len(data))
+
+    def _sent(self, key: str, size: int) -> None:
+        self._names.add(key)
+        self.counter.sent_bytes += size
+        self.counter.sent_objects += 1
+
+    def get_bytes(self, key: str) -> bytes:
+        raise NotFound(f"{self.path} is being written")
+
+    def get_file(self, key: str, dest: Path) -> None:
+        raise NotFound(f"{self.path} is being written")
+
+    def close(self) -> None:
+        self._tar.close()
+        with self.path.open("rb+") as f:
+            os.fsync(f.fileno())
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """No owner, no time: the archive says nothing of the host it was made on."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = 0
+    info.mode = 0o444
+    return info
+
+
+class TarReader:
+    """An archive made by :class:`TarWriter`, read in place."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.counter = TransferCounter()
+        try:
+            self._tar = tarfile.open(path, "r:")
+            self._members = {m.name: m for m in self._tar.getmembers() if m.isfile()}
+        except (OSError, tarfile.TarError) as error:
+            raise InvalidInput(f"not a forkpoint checkpoint archive: {path} ({error})") from error
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    def has(self, key: str) -> bool:
+        return key in self._members
+
+    def put_file(self, key: str, path: Path) -> None:
+        raise InvalidInput(f"{self.path} is read-only")
+
+    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None:
+        raise InvalidInput(f"{self.path} is read-only")
+
+    def _open(self, key: str) -> io.BufferedReader:
+        member = self._members.get(key)
+        f = self._tar.extractfile(member) if member is not None else None
+        if f is None:
+            raise NotFound(f"not in {self.path.name}: {key}")
+        return f  # type: ignore[return-value]
+
+    def get_bytes(self, key: str) -> bytes:
+        data = self._open(key).read()
+        self.counter.received_bytes += len(data)
+        self.counter.received_objects += 1
+        self.counter.keys_received.append(key)
+        return data
+
+    def get_file(self, key: str, dest: Path) -> None:
+        src = self._open(key)
+        size = 0
+        with dest.open("wb") as out:
+            while chunk := src.read(_READ):
+                out.write(chunk)
+                size += len(chunk)
+        self.counter.received_bytes += size
+        self.counter.received_objects += 1
+        self.counter.keys_received.append(key)
+
+    def close(self) -> None:
+        self._tar.close()

@@ -1,0 +1,122 @@
+"""Portable checkpoints without a VM: RAM page diffs, the object stores, manifests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from forkpoint.errors import CorruptCheckpoint, NotFound
+from forkpoint.runtime.portable.bundle import Blob, PortableManifest, RamPack, parse_ref
+from forkpoint.runtime.portable.objects import S3Store, TarReader, TarWriter
+from forkpoint.runtime.portable.ramdiff import PAGE, apply_pack, write_pack
+from forkpoint.vm.ramfile import allocated_bytes
+from tests.s3_server import S3Server, s3_server
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+def _sparse(path: Path, size: int, pages: dict[int, bytes]) -> None:
+    with path.open("wb") as f:
+        f.truncate(size)
+        for index, data in pages.items():
+            f.seek(index * PAGE)
+            f.write(data.ljust(PAGE, b"\0"))
+
+
+def test_a_child_pack_holds_only_the_pages_that_differ_and_rebuilds_it_sparse(
+    tmp_path: Path,
+) -> None:
+    size = 64 * MIB
+    parent_pages = {i: os.urandom(PAGE) for i in range(0, 4096, 3)}  # 5.3 MiB scattered
+    child_pages = dict(parent_pages)
+    child_pages.update({i: os.urandom(PAGE) for i in (5, 6, 7, 9000, 16000)})
+    child_pages[3] = bytes(PAGE)  # a page the child zeroed
+    _sparse(tmp_path / "parent", size, parent_pages)
+    _sparse(tmp_path / "child", size, child_pages)
+
+    stats = write_pack(tmp_path / "child", tmp_path / "parent", tmp_path / "pack")
+    assert stats.pages == 6
+    assert stats.stored_bytes < 8 * PAGE
+    apply_pack(tmp_path / "pack", tmp_path / "parent", size, tmp_path / "rebuilt")
+    assert (tmp_path / "rebuilt").read_bytes() == (tmp_path / "child").read_bytes()
+    assert allocated_bytes(tmp_path / "rebuilt") < 8 * MIB  # holes stayed holes
+
+    full = write_pack(tmp_path / "child", None, tmp_path / "full")
+    assert full.pages == len(child_pages) - 1  # the zero page is a hole's equal
+    apply_pack(tmp_path / "full", None, size, tmp_path / "rebuilt2")
+    assert (tmp_path / "rebuilt2").read_bytes() == (tmp_path / "child").read_bytes()
+    assert allocated_bytes(tmp_path / "rebuilt2") < 8 * MIB
+
+
+def test_s3_objects_are_written_once_and_read_back(s3: S3Server, tmp_path: Path) -> None:
+    store = S3Store(s3.url("unit"))
+    (tmp_path / "blob").write_bytes(b"x" * 1000)
+    assert not store.has("blobs/a")
+    store.put_file("blobs/a", tmp_path / "blob")
+    store.put_file("blobs/a", tmp_path / "blob")  # again: skipped, not sent
+    store.put_bytes("blobs/b", b"first")
+    store.put_bytes("blobs/b", b"second")  # If-None-Match: the server keeps the first
+    assert store.counter.sent_objects == 2
+    assert store.counter.sent_bytes == 1005
+    assert store.counter.skipped_objects == 2
+    assert store.get_bytes("blobs/b") == b"first"
+    store.get_file("blobs/a", tmp_path / "back")
+    assert (tmp_path / "back").read_bytes() == b"x" * 1000
+    with pytest.raises(NotFound):
+        store.get_bytes("blobs/none")
+    assert s3.objects("unit") == {"blobs/a": 1000, "blobs/b": 5}
+
+
+def test_s3_multipart_upload(s3: S3Server, tmp_path: Path) -> None:
+    from forkpoint.runtime.portable import objects
+
+    data = os.urandom(11 * MIB + 5)  # parts of 5 MiB: the least S3 takes (but the last)
+    (tmp_path / "big").write_bytes(data)
+    store = S3Store(s3.url("multi"))
+    old = objects._MULTIPART, objects._PART
+    objects._MULTIPART, objects._PART = 6 * MIB, 5 * MIB
+    try:
+        store.put_file("blobs/big", tmp_path / "big")
+    finally:
+        objects._MULTIPART, objects._PART = old
+    assert store.get_bytes("blobs/big") == data
+
+
+def test_a_manifest_is_verified_against_its_digest() -> None:
+    manifest = PortableManifest(
+        checkpoint={"id": "c-0123456789", "format": 1}, parent=None,
+        ram=RamPack(digest="0" * 64, bytes=1, size=PAGE, page_size=PAGE, pages=0),
+        state=Blob(digest="1" * 64, bytes=1), layers=(), image_name="default",
+        image_hash="abc",
+    )  # fmt: skip
+    data = manifest.encode()
+    assert PortableManifest.decode(data, manifest.digest) == manifest
+    tampered = data.replace(b"default", b"defauls")
+    with pytest.raises(CorruptCheckpoint, match="corrupt"):
+        PortableManifest.decode(tampered, manifest.digest)
+    assert parse_ref(f"sha256:{manifest.digest}") == (manifest.digest, "")
+    assert parse_ref("my-checkpoint") == (None, "my-checkpoint")
+
+
+def test_an_archive_holds_the_objects_written(tmp_path: Path) -> None:
+    (tmp_path / "blob").write_bytes(b"y" * 300)
+    writer = TarWriter(tmp_path / "a.tar")
+    writer.put_file("blobs/y", tmp_path / "blob")
+    writer.put_file("blobs/y", tmp_path / "blob")
+    writer.put_bytes("refs/x", b"sha256:abc\n")
+    writer.close()
+    reader = TarReader(tmp_path / "a.tar")
+    assert reader.has("blobs/y") and not reader.has("blobs/z")
+    assert reader.get_bytes("refs/x") == b"sha256:abc\n"
+    reader.get_file("blobs/y", tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == b"y" * 300
+    reader.close()
