@@ -48,8 +48,16 @@ def s3_server(data: Path, bucket: str = "forkpoint") -> Iterator[S3Server]:
     data.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys, localbucket; sys.exit(localbucket.main())",
-         "--host", "127.0.0.1", "--port", str(port), str(data)],  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, localbucket; sys.exit(localbucket.main())",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            str(data),
+        ],  # fmt: skip
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

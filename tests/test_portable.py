@@ -13,7 +13,7 @@ from forkpoint.runtime.portable.bundle import Blob, PortableManifest, RamPack, p
 from forkpoint.runtime.portable.objects import S3Store, TarReader, TarWriter
 from forkpoint.runtime.portable.ramdiff import PAGE, apply_pack, write_pack
 from forkpoint.vm.ramfile import allocated_bytes
-from tests.s3_server import S3Server, s3_server
+from s3_server import S3Server, s3_server
 
 MIB = 1 << 20
 

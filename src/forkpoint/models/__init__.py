@@ -11,8 +11,8 @@ Commands and processes are in ``models/commands.py``, wire-only values (errors, 
 ``models/wire.py``, checkpoint transfers in ``models/portable.py``; all are imported from
 here, and load on first use. Frozen standard-library dataclasses, not pydantic models, on
 purpose: importing this package costs next to nothing, so ``forkpoint ls --json`` stays
-fast (pydantic alone takes longer to import than the whole command may). pydantic validates and serialises these dataclasses
-wherever it is already loaded (REST, SDK, MCP).
+fast (pydantic alone takes longer to import than the whole command may). pydantic
+validates and serialises these dataclasses wherever it is already loaded (REST, SDK, MCP).
 """
 
 from __future__ import annotations

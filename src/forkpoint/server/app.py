@@ -36,6 +36,7 @@ from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
+    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     FileEntry,
@@ -58,6 +59,8 @@ from forkpoint.requests import (
     ForkRequest,
     GuestPath,
     PortRequest,
+    PullRequest,
+    PushRequest,
     Ref,
     RollbackPreviewRequest,
     RollbackRequest,
@@ -509,6 +512,20 @@ def _router(
         return await heavy(  # type: ignore[no-any-return]
             OperationKind.FORK, source.id, work, wait, new_sessions=body.count
         )
+
+    # -- portable checkpoints ----------------------------------------------------------
+
+    @r.post("/checkpoints/{checkpoint_id}/push", tags=["checkpoints"])
+    async def push_checkpoint(checkpoint_id: CheckpointId, body: PushRequest) -> CheckpointTransfer:
+        """Upload the checkpoint, with what the bucket lacks of its lineage, to an
+        S3-compatible store; its id and name become refs to its digest."""
+        return await runtime.push_checkpoint(checkpoint_id, body.to, endpoint=body.endpoint)
+
+    @r.post("/checkpoints/pull", status_code=201, tags=["checkpoints"])
+    async def pull_checkpoint(body: PullRequest) -> CheckpointTransfer:
+        """Download a checkpoint (by digest or ref) into this home, verified; refused with
+        409 incompatible_checkpoint before any RAM moves if this host cannot restore it."""
+        return await runtime.pull_checkpoint(body.ref, body.source, endpoint=body.endpoint)
 
     # -- operations --------------------------------------------------------------------
 

@@ -135,8 +135,18 @@ def rebase_unsafe(path: Path, backing: str) -> None:
     the data stays as it is, so ``backing`` must name the same content. Portable layers
     travel with relative names and get this home's path back on import."""
     proc = subprocess.run(
-        [str(qemu_img()), "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", backing,
-         str(path)],  # fmt: skip
+        [
+            str(qemu_img()),
+            "rebase",
+            "-u",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            backing,
+            str(path),
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         check=False,

@@ -14,12 +14,13 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from forkpoint.errors import InvalidInput, NotFound
+from forkpoint.errors import InternalError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -84,6 +85,8 @@ class S3Store:
             config=Config(
                 s3={"addressing_style": "path"},
                 retries={"max_attempts": 5, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=120,
                 # Checksums on every request only where asked: not every S3-compatible
                 # server knows the newer trailing-checksum headers.
                 request_checksum_calculation="when_required",
@@ -98,14 +101,11 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def has(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
         try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as error:
-            if _status(error) == 404:
-                return False
-            raise _s3_error(error, f"HEAD {key}") from error
+            with _s3_errors(f"HEAD {key}"):
+                self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except NotFound:
+            return False
         return True
 
     def put_file(self, key: str, path: Path) -> None:
@@ -128,20 +128,27 @@ class S3Store:
 
         extra: dict[str, Any] = {} if overwrite else {"IfNoneMatch": "*"}
         try:
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
-        except ClientError as error:
-            if _status(error) == 412:
-                self.counter.skipped_objects += 1
-                return  # written meanwhile: same name, same bytes
-            raise _s3_error(error, f"PUT {key}") from error
+            with _s3_errors(f"PUT {key}"):
+                try:
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=self._key(key), Body=data, **extra
+                    )
+                except ClientError as error:
+                    if _status(error) != 412:
+                        raise
+                    self.counter.skipped_objects += 1
+                    return  # written meanwhile: same name, same bytes
+        except NotFound:
+            raise NotFound(f"no bucket {self.bucket!r} at the S3 endpoint") from None
         self.counter.sent_bytes += len(data)
         self.counter.sent_objects += 1
 
     def _put_multipart(self, key: str, path: Path) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         full = self._key(key)
-        upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=full)
+        with _s3_errors(f"upload {key}"):
+            upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=full)
         upload_id = upload["UploadId"]
         try:
             parts = []
@@ -158,36 +165,28 @@ class S3Store:
                 Bucket=self.bucket, Key=full, UploadId=upload_id,
                 MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
             )  # fmt: skip
-        except ClientError as error:
-            with contextlib.suppress(ClientError):
+        except (ClientError, BotoCoreError) as error:
+            with contextlib.suppress(ClientError, BotoCoreError):
                 self._client.abort_multipart_upload(
                     Bucket=self.bucket, Key=full, UploadId=upload_id
                 )
             raise _s3_error(error, f"upload {key}") from error
 
     def get_bytes(self, key: str) -> bytes:
-        from botocore.exceptions import ClientError
-
-        try:
+        with _s3_errors(f"GET {key}"):
             answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             data = answer["Body"].read()
-        except ClientError as error:
-            raise _s3_error(error, f"GET {key}") from error
         self._received(key, len(data))
         return data
 
     def get_file(self, key: str, dest: Path) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
+        with _s3_errors(f"GET {key}"):
             answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             size = 0
             with dest.open("wb") as out:
                 for chunk in answer["Body"].iter_chunks(_READ):
                     out.write(chunk)
                     size += len(chunk)
-        except ClientError as error:
-            raise _s3_error(error, f"GET {key}") from error
         self._received(key, size)
 
     def _received(self, key: str, size: int) -> None:
@@ -202,11 +201,26 @@ def _status(error: Exception) -> int:
 
 
 def _s3_error(error: Exception, what: str) -> Exception:
-    from forkpoint.errors import InternalError
+    from botocore.exceptions import NoCredentialsError
 
     if _status(error) == 404:
         return NotFound(f"not in the store: {what.split(' ', 1)[1]}")
+    if isinstance(error, NoCredentialsError):
+        return InvalidInput(
+            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile)"
+        )
     return InternalError(f"S3 {what} failed: {error}")
+
+
+@contextlib.contextmanager
+def _s3_errors(what: str) -> Iterator[None]:
+    """botocore's errors as forkpoint's (one line each); 404 is NotFound."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as error:
+        raise _s3_error(error, what) from error
 
 
 class TarWriter:
