@@ -301,7 +301,7 @@ S3Url = Annotated[
 ]
 Endpoint = Annotated[
     str,
-    StringConstraints(pattern=r"^https?://[^\s\x00]{1,200}$"),
+    StringConstraints(pattern=r"^https?://[A-Za-z0-9.:\[\]_-]{1,200}(/[A-Za-z0-9._~/-]{0,200})?$"),
     Field(description="The S3 endpoint URL (default: the server's $AWS_ENDPOINT_URL)."),
 ]
 # What a pushed checkpoint is known by: its digest, or a ref (an id or a name).

@@ -79,6 +79,8 @@ class S3Store:
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
         self.counter = TransferCounter()
+        if endpoint is not None and not _valid_endpoint(endpoint):
+            raise InvalidInput(f"not an S3 endpoint URL: {endpoint!r} (expected http(s)://HOST)")
         self._client: S3Client = boto3.client(
             "s3",
             endpoint_url=endpoint or None,
@@ -193,6 +195,11 @@ class S3Store:
         self.counter.received_bytes += size
         self.counter.received_objects += 1
         self.counter.keys_received.append(key)
+
+
+def _valid_endpoint(endpoint: str) -> bool:
+    parsed = urlparse(endpoint)
+    return parsed.scheme in ("http", "https") and bool(parsed.netloc) and endpoint.isascii()
 
 
 def _status(error: Exception) -> int:

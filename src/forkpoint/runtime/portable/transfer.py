@@ -35,12 +35,12 @@ from forkpoint.errors import (
 )
 from forkpoint.images import get_image
 from forkpoint.models import CheckpointKind
+from forkpoint.runtime.manifest import CheckpointFiles, Manifest
 from forkpoint.store import CheckpointRecord, Store
 from forkpoint.vm.disk import rebase_unsafe
 from forkpoint.vm.host import host_facts, host_tsc_khz
 from forkpoint.vm.shape import MachineShape
 
-from ..manifest import CheckpointFiles, Manifest
 from .bundle import Blob, LayerBlob, PortableManifest, RamPack, parse_ref
 from .objects import ObjectStore, sha256_file
 from .ramdiff import PAGE, apply_pack, write_pack
