@@ -315,3 +315,48 @@ def test_the_same_round_trip_through_an_archive(
         run(scenario())
     finally:
         host_c.close()
+
+
+def test_the_bench_section_measures_push_and_pull(host_a: Runtime, tmp_path: Path) -> None:
+    from forkpoint.bench.portable import measure_portable
+    from forkpoint.bench.report import _portable_lines
+
+    out = run(measure_portable(host_a, tmp_path / "bench", print))
+    assert out["store"] == "localbucket"
+    fresh, child = out["fresh"], out["child"]
+    assert fresh["push_bytes"] == fresh["pull_bytes"] > 8 * MIB  # the template went too
+    assert 0 < child["push_bytes"] < fresh["push_bytes"] / 2
+    assert all(row[k] > 0 for row in (fresh, child) for k in ("push_ms", "pull_ms"))
+    text = "\n".join(_portable_lines(out))
+    assert "## Push and pull" in text and "| child |" in text
+
+
+def test_push_and_pull_through_the_sdk_and_mcp(
+    host_a: Runtime, s3: S3Server, tmp_path: Path, source: tuple[Session, Checkpoint, int]
+) -> None:
+    """The SDK (over the REST app, embedded) pushes from A and pulls into a fresh home;
+    the MCP tool refuses a digest that is not in the store, as a tool error."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from forkpoint.mcp import build_server
+    from forkpoint.sdk import AsyncCheckpoint
+
+    _, ck, _ = source
+    url = s3.url("sdk")
+    host_d = _home_beside(host_a, tmp_path / "d")
+
+    async def scenario() -> None:
+        async with await AsyncCheckpoint.get(ck.id, runtime=host_a) as mine:
+            pushed = await mine.push(url)
+        assert pushed.sent_bytes > 0 and pushed.checkpoint.id == ck.id
+        async with await AsyncCheckpoint.pull(ck.id, url, runtime=host_d) as theirs:
+            assert theirs.id == ck.id
+        with pytest.raises(ToolError, match="not_found: not in the store"):
+            await build_server(host_d).call_tool(
+                "pull_checkpoint", {"ref": "sha256:" + "0" * 64, "source": url}
+            )
+
+    try:
+        run(scenario())
+    finally:
+        host_d.close()

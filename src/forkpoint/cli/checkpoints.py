@@ -164,8 +164,8 @@ def _transfer(
         emit_json(result)
         return
     moved = (
-        f"sent {format_bytes(result.sent_bytes)} in {result.sent_objects} objects"
-        f" ({result.skipped_objects} already there)"
+        f"sent {format_bytes(result.sent_bytes)} in {result.sent_objects} objects, "
+        f"{result.skipped_objects} already there"
         if verb in ("push", "export")
         else f"received {format_bytes(result.received_bytes)} in {result.received_objects} objects"
     )

@@ -53,6 +53,8 @@ TOOL_NAMES = (
     "diff",
     "history",
     "undo",
+    "push_checkpoint",
+    "pull_checkpoint",
 )
 _INSTRUCTIONS = (
     "forkpoint runs each session as a microVM that can be checkpointed, forked and rolled "

@@ -163,6 +163,7 @@ class Pusher:
     def _push(self, record: CheckpointRecord) -> str:
         known = self.index.digest_of(record.id)
         if known is not None and self.objects.has(f"manifests/{known}"):
+            self.objects.counter.skipped_objects += 1
             return known  # already there, with everything it refers to
         parent = None
         if record.parent_checkpoint is not None:
