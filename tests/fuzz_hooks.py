@@ -1,7 +1,7 @@
 """schemathesis hooks for ``test_api_fuzz.py`` (loaded through ``SCHEMATHESIS_HOOKS``).
 
 Two failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
-the hooks can see:
+the hooks can see (and pushes are pointed at the test's S3 server, see ``map_body``):
 
 A session created (or given) a ``timeout_s`` is removed when it expires, as asked; a 404
 for it afterwards is not ``ensure_resource_availability``'s "created resource not found".
@@ -14,6 +14,7 @@ with 200 after that very file was removed still fails the run.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import schemathesis
@@ -61,3 +62,16 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
         return True
     removed = _removed.get(str(failure.deleted_case_id))
     return removed is None or removed == _guest_path(case)
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    """A push goes to the test's S3 server (``$FORKPOINT_FUZZ_S3``), the only bucket that
+    exists: a generated ``s3://`` URL names one that does not (404), and push would never
+    answer 2xx. Pulls keep theirs (a link carries a push's digest and location)."""
+    operation = context.operation
+    target = os.environ.get("FORKPOINT_FUZZ_S3")
+    if target and operation is not None and str(operation.path).endswith("/push"):
+        if isinstance(body, dict) and "to" in body:
+            return {**body, "to": target}
+    return body

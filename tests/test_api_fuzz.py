@@ -12,6 +12,7 @@ behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import pytest
 
 from forkpoint.config import Home, home
 from forkpoint.models import SessionState
+from s3_server import s3_server
 
 pytestmark = pytest.mark.vm
 
@@ -94,13 +96,34 @@ class Sampler:
         self._thread.join(timeout=30)
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    with contextlib.ExitStack() as stack:
+        yield from _served(tmp_path, stack)
+
+
+def _served(tmp_path: Path, stack: contextlib.ExitStack) -> Iterator[tuple[str, str, Path]]:
     """A ``forkpoint serve --port 0`` on a fresh home sharing the image: (url, token, home)."""
     fuzz_home = tmp_path / "home"
     fuzz_home.mkdir()
     for shared in ("images", "cache"):
         (fuzz_home / shared).symlink_to((home().root / shared).resolve())
+    # Pushes and pulls need a real S3 server (its AWS_* variables reach the server).
+    s3 = stack.enter_context(s3_server(tmp_path / "s3"))
+    stack.enter_context(_env("FORKPOINT_FUZZ_S3", s3.url("fuzz")))
     env = {
         **os.environ,
         "FORKPOINT_HOME": str(fuzz_home),

@@ -299,11 +299,6 @@ S3Url = Annotated[
     StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\x00]{0,900})?$"),
     Field(description="s3://BUCKET or s3://BUCKET/PREFIX."),
 ]
-Endpoint = Annotated[
-    str,
-    StringConstraints(pattern=r"^https?://[A-Za-z0-9.:\[\]_-]{1,200}(/[A-Za-z0-9._~/-]{0,200})?$"),
-    Field(description="The S3 endpoint URL (default: the server's $AWS_ENDPOINT_URL)."),
-]
 # What a pushed checkpoint is known by: its digest, or a ref (an id or a name).
 PortableRef = Annotated[
     str,
@@ -313,10 +308,10 @@ PortableRef = Annotated[
 
 
 class PushRequest(_Request):
-    """Upload the checkpoint to ``to`` (credentials: the server's AWS variables)."""
+    """Upload the checkpoint to ``to``. Endpoint and credentials are the server's own (its
+    AWS variables): a client cannot point the server at another host."""
 
     to: S3Url
-    endpoint: Endpoint | None = None
 
 
 class PullRequest(_Request):
@@ -326,7 +321,6 @@ class PullRequest(_Request):
 
     ref: PortableRef
     source: S3Url = Field(alias="from")
-    endpoint: Endpoint | None = None
 
 
 class RollbackRequest(_Request):

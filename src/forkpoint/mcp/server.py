@@ -212,21 +212,18 @@ def build_server(runtime: Runtime) -> MCPServer:
         return {"sessions": await asyncio.to_thread(runtime.list_sessions)}
 
     @_tool_errors
-    async def push_checkpoint(
-        checkpoint: str, to: str, endpoint: str | None = None
-    ) -> CheckpointTransfer:
+    async def push_checkpoint(checkpoint: str, to: str) -> CheckpointTransfer:
         """Upload a checkpoint to s3://BUCKET/PREFIX (only what the bucket lacks of its
-        lineage); its id and name become refs to its content digest."""
-        return await runtime.push_checkpoint(checkpoint, to, endpoint=endpoint)
+        lineage); its id and name become refs to its content digest. Endpoint and
+        credentials: forkpoint's own AWS variables."""
+        return await runtime.push_checkpoint(checkpoint, to)
 
     @_tool_errors
-    async def pull_checkpoint(
-        ref: str, source: str, endpoint: str | None = None
-    ) -> CheckpointTransfer:
+    async def pull_checkpoint(ref: str, source: str) -> CheckpointTransfer:
         """Download checkpoint ``ref`` (sha256:<digest>, or the id or name it was pushed
         under) from s3://BUCKET/PREFIX ``source``, verified; then fork it. Refused if this
         host cannot restore it."""
-        return await runtime.pull_checkpoint(ref, source, endpoint=endpoint)
+        return await runtime.pull_checkpoint(ref, source)
 
     @_tool_errors
     async def remove_session(session: str) -> dict[str, Any]:

@@ -366,11 +366,11 @@ class AsyncCheckpoint:
             s if isinstance(s, ForkpointError) else AsyncSandbox(self._client, s) for s in slots
         ]
 
-    async def push(self, to: str, *, endpoint: str | None = None) -> CheckpointTransfer:
+    async def push(self, to: str) -> CheckpointTransfer:
         """Upload this checkpoint to ``s3://BUCKET/PREFIX`` with what the bucket lacks of
-        its lineage (a child: the RAM pages that differ from its parent's). Credentials:
-        the AWS variables where forkpoint runs; ``endpoint`` overrides $AWS_ENDPOINT_URL."""
-        return await self._client.push_checkpoint(self.id, to, endpoint)
+        its lineage (a child: the RAM pages that differ from its parent's). Endpoint and
+        credentials: the AWS variables where forkpoint runs (the server, over REST)."""
+        return await self._client.push_checkpoint(self.id, to)
 
     @classmethod
     async def pull(
@@ -378,7 +378,6 @@ class AsyncCheckpoint:
         ref: str,
         source: str,
         *,
-        endpoint: str | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
@@ -392,7 +391,7 @@ class AsyncCheckpoint:
         client = ApiClient(base_url, token, runtime)
         client.retain()
         try:
-            pulled = await client.pull_checkpoint(ref, source, endpoint)
+            pulled = await client.pull_checkpoint(ref, source)
             return cls(client, pulled.checkpoint)
         finally:
             await client.release()

@@ -270,17 +270,13 @@ class ApiClient:
             for s in slots
         ]
 
-    async def push_checkpoint(
-        self, checkpoint: str, to: str, endpoint: str | None
-    ) -> CheckpointTransfer:
+    async def push_checkpoint(self, checkpoint: str, to: str) -> CheckpointTransfer:
         url = f"/checkpoints/{_seg(checkpoint)}/push"
-        body = {"to": to, "endpoint": endpoint}
+        body = {"to": to}
         return await self._parse(CheckpointTransfer, "POST", url, json=body)
 
-    async def pull_checkpoint(
-        self, ref: str, source: str, endpoint: str | None
-    ) -> CheckpointTransfer:
-        body = {"ref": ref, "from": source, "endpoint": endpoint}
+    async def pull_checkpoint(self, ref: str, source: str) -> CheckpointTransfer:
+        body = {"ref": ref, "from": source}
         return await self._parse(CheckpointTransfer, "POST", "/checkpoints/pull", json=body)
 
 

@@ -146,14 +146,13 @@ class Checkpoint(SyncTwin):
     @property
     def info(self) -> CheckpointInfo: ...
     def fork(self, count: int = 1) -> list[Sandbox | ForkpointError]: ...
-    def push(self, to: str, *, endpoint: str | None = None) -> CheckpointTransfer: ...
+    def push(self, to: str) -> CheckpointTransfer: ...
     @classmethod
     def pull(
         cls,
         ref: str,
         source: str,
         *,
-        endpoint: str | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,

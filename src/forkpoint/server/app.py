@@ -515,17 +515,28 @@ def _router(
 
     # -- portable checkpoints ----------------------------------------------------------
 
-    @r.post("/checkpoints/{checkpoint_id}/push", tags=["checkpoints"])
+    @r.post(
+        "/checkpoints/{checkpoint_id}/push",
+        tags=["checkpoints"],
+        responses={200: {"links": _pull_links()}},
+    )
     async def push_checkpoint(checkpoint_id: CheckpointId, body: PushRequest) -> CheckpointTransfer:
         """Upload the checkpoint, with what the bucket lacks of its lineage, to an
         S3-compatible store; its id and name become refs to its digest."""
-        return await runtime.push_checkpoint(checkpoint_id, body.to, endpoint=body.endpoint)
+        return await runtime.push_checkpoint(checkpoint_id, body.to)
 
-    @r.post("/checkpoints/pull", status_code=201, tags=["checkpoints"])
+    @r.post(
+        "/checkpoints/pull",
+        status_code=201,
+        tags=["checkpoints"],
+        responses={
+            201: {"links": _checkpoint_links("$response.body#/checkpoint/id", rollback=False)}
+        },
+    )
     async def pull_checkpoint(body: PullRequest) -> CheckpointTransfer:
         """Download a checkpoint (by digest or ref) into this home, verified; refused with
         409 incompatible_checkpoint before any RAM moves if this host cannot restore it."""
-        return await runtime.pull_checkpoint(body.ref, body.source, endpoint=body.endpoint)
+        return await runtime.pull_checkpoint(body.ref, body.source)
 
     # -- operations --------------------------------------------------------------------
 
@@ -597,7 +608,7 @@ def _checkpoint_links(
     made it, to rolling its session back to it)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
-        for target in ("get_checkpoint", "remove_checkpoint", "fork")
+        for target in ("get_checkpoint", "remove_checkpoint", "fork", "push_checkpoint")
     }
     links["Fork"]["requestBody"] = {"count": 1}
     if not rollback:
@@ -608,6 +619,12 @@ def _checkpoint_links(
         "requestBody": {"checkpoint": checkpoint_id},
     }
     return links
+
+
+def _pull_links() -> dict[str, Any]:
+    """From a push to pulling what it pushed (by digest, from where it went)."""
+    body = {"ref": "$response.body#/digest", "from": "$response.body#/location"}
+    return {"PullCheckpoint": {"operationId": "pull_checkpoint", "requestBody": body}}
 
 
 def _written_file_links() -> dict[str, Any]:
