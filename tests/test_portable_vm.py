@@ -281,6 +281,37 @@ def test_a_push_killed_half_way_completes_when_run_again(
     assert f"manifests/{result['digest'].removeprefix('sha256:')}" in _objects(s3, "interrupted")
 
 
+def test_a_pull_killed_half_way_completes_when_run_again(
+    host_a: Runtime, s3: S3Server, tmp_path: Path, source: tuple[Session, Checkpoint, int]
+) -> None:
+    _, ck, _ = source
+    run(host_a.push_checkpoint(ck.id, s3.url("pull-killed")))
+    host_e = _home_beside(host_a, tmp_path / "e")
+    host_e.close()
+    command = [sys.executable, "-m", "forkpoint.cli.app", "checkpoint", "pull", ck.id,
+               "--from", s3.url("pull-killed"), "--json"]  # fmt: skip
+    env = {**os.environ, "FORKPOINT_HOME": str(host_e.home.root)}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scratch = host_e.home.portable / "tmp"
+    deadline = time.monotonic() + 120
+    while not (scratch.is_dir() and any(p.iterdir() for p in scratch.iterdir())):
+        assert proc.poll() is None, "the pull ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    runtime = Runtime.open(host_e.home)
+    try:
+        assert runtime.list_checkpoints() == []  # nothing half-made is visible
+
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["checkpoint"]["id"] == ck.id
+        assert runtime.get_checkpoint(ck.id).id == ck.id
+    finally:
+        runtime.close()
+
+
 def _objects(s3: S3Server, prefix: str) -> dict[str, int]:
     try:
         return s3.objects(prefix)

@@ -15,9 +15,11 @@ A refused or corrupt pull leaves the home as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -112,12 +114,21 @@ class Index:
         self._write("layers", blob.name, json.dumps(blob.__dict__))
 
 
+_STALE_S = 6 * 3600  # a scratch directory this old belongs to a push or pull killed
+
+
 @contextmanager
 def _scratch(local: Local) -> Iterator[Path]:
     """A private directory on the home's filesystem (RAM packs are built and checked
-    there), removed afterwards whatever happened."""
-    path = local.root / "tmp" / uuid.uuid4().hex[:12]
-    path.mkdir(parents=True)
+    there), removed afterwards whatever happened; those of killed runs go after a while."""
+    root = local.root / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > _STALE_S:
+                shutil.rmtree(old, ignore_errors=True)
+    path = root / uuid.uuid4().hex[:12]
+    path.mkdir()
     try:
         yield path
     finally:
@@ -223,7 +234,8 @@ class Pusher:
 
 
 class Puller:
-    """Brings checkpoints from one object store into one home."""
+    """Brings checkpoints from one object store into one home (one at a time: callers
+    hold the home's ``pull`` lock, see :mod:`.service`)."""
 
     def __init__(self, local: Local, objects: ObjectStore, progress: Progress) -> None:
         self.local = local
@@ -258,6 +270,9 @@ class Puller:
             (nothing made visible); :raises NotFound: no such checkpoint in the store.
         """
         digest = self.resolve(ref)
+        # Layers a killed pull was writing (only pulls make these; we hold the pull lock).
+        for part in self.local.home.layers.glob(".*.part"):
+            part.unlink(missing_ok=True)
         chain: list[tuple[str, PortableManifest]] = []
         at: str | None = digest
         while at is not None and self._local_id(at) is None:
