@@ -348,20 +348,6 @@ def test_the_same_round_trip_through_an_archive(
         host_c.close()
 
 
-def test_the_bench_section_measures_push_and_pull(host_a: Runtime, tmp_path: Path) -> None:
-    from forkpoint.bench.portable import measure_portable
-    from forkpoint.bench.report import _portable_lines
-
-    out = run(measure_portable(host_a, tmp_path / "bench", print))
-    assert out["store"] == "localbucket"
-    fresh, child = out["fresh"], out["child"]
-    assert fresh["push_bytes"] == fresh["pull_bytes"] > 8 * MIB  # the template went too
-    assert 0 < child["push_bytes"] < fresh["push_bytes"] / 2
-    assert all(row[k] > 0 for row in (fresh, child) for k in ("push_ms", "pull_ms"))
-    text = "\n".join(_portable_lines(out))
-    assert "## Push and pull" in text and "| child |" in text
-
-
 def test_push_and_pull_through_the_sdk_and_mcp(
     host_a: Runtime, s3: S3Server, tmp_path: Path, source: tuple[Session, Checkpoint, int]
 ) -> None:

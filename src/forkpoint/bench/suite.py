@@ -78,8 +78,6 @@ class Plan:
     fork_wide: int = 20
     # diff with 10,000 files and history steps (bench/history.py): 0 leaves them out
     history_reps: int = 3
-    # push/pull of a fresh and a child checkpoint (bench/portable.py), ≈ 8 s
-    portable: bool = True
 
     @classmethod
     def full(cls) -> Plan:
@@ -95,7 +93,6 @@ class Plan:
             reps=3, fork20_reps=1, cold_boot_reps=1, baseline_reps=2,
             scaling_mib=(64, 256), scaling_reps=2, scaling_memory_mib=MEMORY_MIB,
             history_reps=0,  # making the 10,000 files alone takes a quick run's budget
-            portable=False,  # a tenth of the minute (tests/test_portable_vm.py runs it)
         )  # fmt: skip
 
 
@@ -205,11 +202,7 @@ class Suite:
             if plan.history_reps
             else None
         )
-        portable = (
-            await measure_portable(self.runtime, self._scratch / "portable", self.log)
-            if plan.portable
-            else None
-        )
+        portable = await measure_portable(self.runtime, self._scratch / "portable", self.log)
 
         baselines = await self._baselines(shape, boot, image, checkpoint.id)
         await self._remove_sessions([server])
