@@ -120,3 +120,31 @@ def test_an_archive_holds_the_objects_written(tmp_path: Path) -> None:
     reader.get_file("blobs/y", tmp_path / "out")
     assert (tmp_path / "out").read_bytes() == b"y" * 300
     reader.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["import", "/nonexistent/ck.fpk"], "no archive file"),
+        (["export", "c-0123456789"], "needs -o"),
+        (["push", "c-0123456789", "--to", "http://x"], "not an S3 URL"),
+        (["pull", "ref"], "needs --from"),
+        (["pull", "ref", "--from", "s3://b/p", "-o", "f"], "-o does not apply"),
+        (["export", "c-0123456789", "-o", "/tmp/x.fpk"], "unknown checkpoint"),
+    ],
+)
+def test_cli_refuses_bad_transfers_in_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "forkpoint.cli.app", "checkpoint", *args],
+        env={**os.environ, "FORKPOINT_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode in (2, 3), proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

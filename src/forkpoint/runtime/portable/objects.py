@@ -272,6 +272,8 @@ class TarWriter:
         raise NotFound(f"{self.path} is being written")
 
     def close(self) -> None:
+        if self._tar.closed:
+            return
         self._tar.close()
         with self.path.open("rb+") as f:
             os.fsync(f.fileno())

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import zstandard
@@ -111,7 +111,7 @@ class Index:
         return LayerBlob(**json.loads(text)) if text else None
 
     def record_layer(self, blob: LayerBlob) -> None:
-        self._write("layers", blob.name, json.dumps(blob.__dict__))
+        self._write("layers", blob.name, json.dumps(asdict(blob)))
 
 
 _STALE_S = 6 * 3600  # a scratch directory this old belongs to a push or pull killed
