@@ -15,9 +15,12 @@ with 200 after that very file was removed still fails the run.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import schemathesis
+
+from forkpoint.requests import PushRequest
 
 _removed: dict[str, str] = {}  # case id of a DELETE .../files -> the path it removed
 _expiring: set[str] = set()  # sessions made or set to expire
@@ -72,6 +75,11 @@ def map_body(context: Any, body: Any) -> Any:
     operation = context.operation
     target = os.environ.get("FORKPOINT_FUZZ_S3")
     if target and operation is not None and str(operation.path).endswith("/push"):
-        if isinstance(body, dict) and "to" in body:
-            return {**body, "to": target}
+        # Only a valid URL is replaced: a negative case must stay invalid (ST201).
+        if isinstance(body, dict) and isinstance(body.get("to"), str):
+            if re.fullmatch(_S3_URL, body["to"]):
+                return {**body, "to": target}
     return body
+
+
+_S3_URL = PushRequest.model_json_schema()["properties"]["to"]["pattern"]
