@@ -525,14 +525,7 @@ def _router(
         S3-compatible store; its id and name become refs to its digest."""
         return await runtime.push_checkpoint(checkpoint_id, body.to)
 
-    @r.post(
-        "/checkpoints/pull",
-        status_code=201,
-        tags=["checkpoints"],
-        responses={
-            201: {"links": _checkpoint_links("$response.body#/checkpoint/id", rollback=False)}
-        },
-    )
+    @r.post("/checkpoints/pull", status_code=201, tags=["checkpoints"])
     async def pull_checkpoint(body: PullRequest) -> CheckpointTransfer:
         """Download a checkpoint (by digest or ref) into this home, verified; refused with
         409 incompatible_checkpoint before any RAM moves if this host cannot restore it."""
