@@ -148,3 +148,13 @@ def test_cli_refuses_bad_transfers_in_one_line(
     )
     assert proc.returncode in (2, 3), proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_host_facts_match_exactly_but_a_tsc_reading_within_a_tenth_of_a_percent() -> None:
+    from forkpoint.runtime.portable.transfer import _same_fact
+
+    assert _same_fact("tsc_khz", 2445434, 2445434)
+    assert _same_fact("tsc_khz", 2445434, 2447000)  # 0.06 %: the same host, read again
+    assert not _same_fact("tsc_khz", 2445434, 2500000)
+    assert not _same_fact("tsc_khz", None, 2445434)  # unknown: refused
+    assert not _same_fact("cpu_model", "Intel A", "Intel B")

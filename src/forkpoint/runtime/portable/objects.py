@@ -239,6 +239,7 @@ class TarWriter:
         self.counter = TransferCounter()
         self._names: set[str] = set()
         self._tar = tarfile.open(path, "w")
+        self._closed = False
 
     def describe(self) -> str:
         return str(self.path)
@@ -272,8 +273,9 @@ class TarWriter:
         raise NotFound(f"{self.path} is being written")
 
     def close(self) -> None:
-        if self._tar.closed:
+        if self._closed:
             return
+        self._closed = True
         self._tar.close()
         with self.path.open("rb+") as f:
             os.fsync(f.fileno())

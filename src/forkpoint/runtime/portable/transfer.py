@@ -233,6 +233,17 @@ class Pusher:
         return result
 
 
+_TSC_TOLERANCE = 0.001  # /proc/cpuinfo's reading of the rate, not the rate: allow its jitter
+
+
+def _same_fact(key: str, theirs: object, mine: object) -> bool:
+    """Equal; a TSC rate within 0.1% (the guest's clock would drift by as much, and each
+    restore and agent connection sets it from the host's)."""
+    if key == "tsc_khz" and isinstance(theirs, int) and isinstance(mine, int) and mine:
+        return abs(theirs - mine) <= _TSC_TOLERANCE * mine
+    return theirs == mine
+
+
 class Puller:
     """Brings checkpoints from one object store into one home (one at a time: callers
     hold the home's ``pull`` lock, see :mod:`.service`)."""
@@ -320,7 +331,7 @@ class Puller:
         theirs = portable.checkpoint.get("host") or {}
         mine = host_facts(here.accel, host_tsc_khz())
         for key, value in sorted(mine.items()):
-            if theirs.get(key) != value:
+            if not _same_fact(key, theirs.get(key), value):
                 raise IncompatibleCheckpoint(
                     f"checkpoint {manifest.id} was made on a host with {key}="
                     f"{theirs.get(key)!r}, this host has {key}={value!r}; it cannot be "
