@@ -601,11 +601,16 @@ def _checkpoint_links(
     made it, to rolling its session back to it)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
-        for target in ("get_checkpoint", "remove_checkpoint", "fork", "push_checkpoint")
+        for target in ("get_checkpoint", "remove_checkpoint", "fork")
     }
     links["Fork"]["requestBody"] = {"count": 1}
     if not rollback:
         return links
+    # From the request that made it only: each link takes a share of a fuzzer's turns.
+    links["PushCheckpoint"] = {
+        "operationId": "push_checkpoint",
+        "parameters": {"checkpoint_id": checkpoint_id},
+    }
     links["RollbackTo"] = {
         "operationId": "rollback",
         "parameters": {"session_id": "$request.path.session_id"},
