@@ -598,7 +598,7 @@ def _checkpoint_links(
     checkpoint_id: str = "$response.body#/id", *, rollback: bool = True
 ) -> dict[str, Any]:
     """Links from a checkpoint's id to the operations on it (and, from the request that
-    made it, to rolling its session back to it)."""
+    made it, to pushing it and to rolling its session back to it)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
         for target in ("get_checkpoint", "remove_checkpoint", "fork")
