@@ -43,11 +43,19 @@ def register(app: typer.Typer) -> None:
 @reports_errors
 def checkpoint_command(
     target: Annotated[
-        str, typer.Argument(metavar="SESSION|rm", help="Session id or name, or `rm`.")
+        str,
+        typer.Argument(
+            metavar="SESSION|rm|export|import|push|pull",
+            help="Session id or name, or `rm`, `export`, `import`, `push`, `pull`.",
+        ),
     ],
     ids: Annotated[
         list[str] | None,
-        typer.Argument(metavar="ID", help="With `rm`: the checkpoints to delete."),
+        typer.Argument(
+            metavar="ID",
+            help="With `rm`: the checkpoints to delete; with the others: the checkpoint, "
+            "archive or ref.",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="A name for the checkpoint.")] = None,
     output: Annotated[
