@@ -6,6 +6,7 @@ incompatible manifest; a push killed half-way; the same round trip through an ar
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -205,14 +206,19 @@ def test_a_tampered_object_fails_the_pull_and_changes_nothing(
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
-    [("qemu", "9.9.9 (another build)#0123456789abcdef"), ("tsc_khz", 1234567)],
+    ("section", "field", "value"),
+    [
+        ("machine", "qemu", "9.9.9 (another build)#0123456789abcdef"),
+        ("host", "tsc_khz", 1234567),
+        ("image", "hash", "0123456789abcdef"),  # an image this host does not have
+    ],
 )
 def test_an_incompatible_checkpoint_is_refused_before_any_ram_is_downloaded(
     host_a: Runtime,
     host_b: Runtime,
     s3: S3Server,
     source: tuple[Session, Checkpoint, int],
+    section: str,
     field: str,
     value: object,
 ) -> None:
@@ -220,16 +226,17 @@ def test_an_incompatible_checkpoint_is_refused_before_any_ram_is_downloaded(
     objects = S3Store(url)
     digest = objects.get_bytes(f"refs/{source[1].id}").decode().strip().removeprefix("sha256:")
     data = json.loads(objects.get_bytes(f"manifests/{digest}"))
-    where = data["checkpoint"]["machine"] if field == "qemu" else data["checkpoint"]["host"]
+    where = data["image"] if section == "image" else data["checkpoint"][section]
     where[field] = value
     data["checkpoint"]["id"] = "c-00000000ff"  # not the one B already has
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-    other = PortableManifest.decode(encoded, __import__("hashlib").sha256(encoded).hexdigest())
+    other = PortableManifest.decode(encoded, hashlib.sha256(encoded).hexdigest())
     objects.put_bytes(f"manifests/{other.digest}", encoded)
 
     before = _snapshot(host_b)
     reader = S3Store(url)
-    with pytest.raises(IncompatibleCheckpoint, match=field):
+    named = "image" if section == "image" else field
+    with pytest.raises(IncompatibleCheckpoint, match=named):
         Puller(host_b._portable(), reader, lambda _: None).pull(other.digest)
     assert reader.counter.keys_received == [f"manifests/{other.digest}"]  # no RAM, nothing
     assert _snapshot(host_b) == before
@@ -252,7 +259,7 @@ def test_an_incompatible_checkpoint_is_refused_before_any_ram_is_downloaded(
         timeout=120,
     )
     assert proc.returncode == 4, proc.stderr
-    assert field in proc.stderr
+    assert named in proc.stderr
 
 
 def test_a_push_killed_half_way_completes_when_run_again(
