@@ -278,6 +278,9 @@ def test_a_push_killed_half_way_completes_when_run_again(
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    scratch = host_a.home.portable / "tmp"
+    left = [p for p in scratch.iterdir() if p.name.startswith(f"{proc.pid}-")]
+    assert left, "the killed push's scratch directory"
     partial = _objects(s3, "interrupted")
     assert not any(k.startswith("manifests/") for k in partial), "killed after the end"
 
@@ -285,6 +288,7 @@ def test_a_push_killed_half_way_completes_when_run_again(
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["skipped_objects"] >= 1  # what the killed push had uploaded
+    assert not any(p.exists() for p in left)  # the next push cleared the killed one's
     assert f"manifests/{result['digest'].removeprefix('sha256:')}" in _objects(s3, "interrupted")
 
 

@@ -15,11 +15,9 @@ A refused or corrupt pull leaves the home as it was.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -114,25 +112,33 @@ class Index:
         self._write("layers", blob.name, json.dumps(asdict(blob)))
 
 
-_STALE_S = 6 * 3600  # a scratch directory this old belongs to a push or pull killed
-
-
 @contextmanager
 def _scratch(local: Local) -> Iterator[Path]:
     """A private directory on the home's filesystem (RAM packs are built and checked
-    there), removed afterwards whatever happened; those of killed runs go after a while."""
+    there), removed afterwards whatever happened; those of killed runs (named by the pid
+    that made them) go when the next push or pull starts."""
     root = local.root / "tmp"
     root.mkdir(parents=True, exist_ok=True)
     for old in root.iterdir():
-        with contextlib.suppress(OSError):
-            if time.time() - old.stat().st_mtime > _STALE_S:
-                shutil.rmtree(old, ignore_errors=True)
-    path = root / uuid.uuid4().hex[:12]
+        pid = old.name.split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    path = root / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _compress(src: Path, dest: Path) -> None:
