@@ -151,7 +151,7 @@ def test_cli_refuses_bad_transfers_in_one_line(
 
 
 def test_host_facts_match_exactly_but_a_tsc_reading_within_a_tenth_of_a_percent() -> None:
-    from forkpoint.runtime.portable.transfer import _same_fact
+    from forkpoint.runtime.portable.pull import _same_fact
 
     assert _same_fact("tsc_khz", 2445434, 2445434)
     assert _same_fact("tsc_khz", 2445434, 2447000)  # 0.06 %: the same host, read again

@@ -25,7 +25,7 @@ from forkpoint.models import Checkpoint, Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.portable.bundle import PortableManifest
 from forkpoint.runtime.portable.objects import S3Store
-from forkpoint.runtime.portable.transfer import Puller
+from forkpoint.runtime.portable.pull import Puller
 from s3_server import S3Server, s3_server
 
 pytestmark = pytest.mark.vm

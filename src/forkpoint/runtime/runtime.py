@@ -94,7 +94,7 @@ from .upkeep import expires_after
 if TYPE_CHECKING:
     from forkpoint.models import CheckpointTransfer
 
-    from .portable.transfer import Local, Progress
+    from .portable.common import Local, Progress
 
 __all__ = ["Runtime"]
 
@@ -484,7 +484,7 @@ class Runtime(Queries):
     # -- portable checkpoints ----------------------------------------------------------
 
     def _portable(self) -> Local:
-        from .portable.transfer import Local
+        from .portable.common import Local
 
         def shape_here(image_hash: str, memory_mib: int, cpus: int) -> MachineShape:
             return self._machine(image_hash, memory_mib, cpus)[1]

@@ -12,8 +12,10 @@ from forkpoint.models.portable import CheckpointTransfer, TransferKind
 from forkpoint.store import CheckpointRecord
 from forkpoint.store.locks import global_lock
 
+from .common import EXPORT_REF, Local, Progress
 from .objects import ObjectStore, S3Store, TarReader, TarWriter
-from .transfer import EXPORT_REF, Local, Progress, Puller, Pusher
+from .pull import Puller
+from .push import Pusher
 
 __all__ = ["export_checkpoint", "import_checkpoint", "pull_checkpoint", "push_checkpoint"]
 

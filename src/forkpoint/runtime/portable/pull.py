@@ -1,16 +1,10 @@
-"""Push a checkpoint (and whatever of its lineage the store lacks) to an object store, and
-pull one into this home, fail-closed.
+"""Pull a checkpoint into this home, fail-closed.
 
-Push: the parent first (recursively; skipped when the store has it), then the blobs — a
-RAM pack of the pages that differ from the parent's RAM, the device state, the disk layers
-with relative backing names — and the manifest last, so a manifest in the store means its
-checkpoint is complete. Then refs: the checkpoint's id and name point at its digest.
-
-Pull: every manifest of the lineage the home lacks is fetched, verified against its digest
-and checked against this host *before any blob is downloaded*; then every blob is fetched
-into a private staging directory and verified; only then are layers, RAM files and
-checkpoints made, each written aside and renamed into place as checkpoints always are.
-A refused or corrupt pull leaves the home as it was.
+Every manifest of the lineage the home lacks is fetched, verified against its digest and
+checked against this host *before any blob is downloaded*; then every blob is fetched into
+a private scratch directory and verified; only then are layers, RAM files and checkpoints
+made, each written aside and renamed into place as checkpoints always are. A refused or
+corrupt pull leaves the home as it was.
 """
 
 from __future__ import annotations
@@ -19,225 +13,23 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-import zstandard
-
-from forkpoint.config import Home
-from forkpoint.errors import (
-    Conflict,
-    CorruptCheckpoint,
-    IncompatibleCheckpoint,
-    NotFound,
-)
+from forkpoint.errors import Conflict, CorruptCheckpoint, IncompatibleCheckpoint, NotFound
 from forkpoint.images import get_image
 from forkpoint.models import CheckpointKind
 from forkpoint.runtime.manifest import CheckpointFiles, Manifest
-from forkpoint.store import CheckpointRecord, Store
+from forkpoint.store import CheckpointRecord
 from forkpoint.vm.disk import rebase_unsafe
 from forkpoint.vm.host import host_facts, host_tsc_khz
-from forkpoint.vm.shape import MachineShape
 
-from .bundle import Blob, LayerBlob, PortableManifest, RamPack, parse_ref
+from .bundle import Blob, PortableManifest, parse_ref
+from .common import Index, Local, Progress, decompress, scratch
 from .objects import ObjectStore, sha256_file
-from .ramdiff import PAGE, apply_pack, write_pack
+from .ramdiff import apply_pack
 
-__all__ = ["EXPORT_REF", "Index", "Local", "Puller", "Pusher"]
-
-#: The ref an export archive names its checkpoint with.
-EXPORT_REF = "refs/.export"
-_LEVEL = 3
-_CHUNK = 1 << 20
-
-Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Local:
-    """What push and pull need of this home. ``shape_here(image_hash, memory_mib, cpus)``:
-    the machine shape this host would restore on (raises if it has no such image)."""
-
-    home: Home
-    store: Store
-    shape_here: Callable[[str, int, int], MachineShape]
-
-    @property
-    def root(self) -> Path:
-        return self.home.portable
-
-
-class Index:
-    """Which checkpoint of this home has which portable digest (pushed from it or pulled
-    into it), and the blobs of its disk layers: ``$FORKPOINT_HOME/portable/``. Kept apart
-    from the checkpoint manifest and the database on purpose (it is a cache: losing it
-    costs a recomputation, never a wrong answer, since digests are of content)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def _path(self, kind: str, key: str) -> Path:
-        return self.root / kind / key
-
-    def _write(self, kind: str, key: str, text: str) -> None:
-        path = self._path(kind, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-
-    def _read(self, kind: str, key: str) -> str | None:
-        try:
-            return self._path(kind, key).read_text().strip() or None
-        except OSError:
-            return None
-
-    def digest_of(self, checkpoint_id: str) -> str | None:
-        return self._read("checkpoints", checkpoint_id)
-
-    def checkpoint_of(self, digest: str) -> str | None:
-        return self._read("digests", digest)
-
-    def record(self, checkpoint_id: str, digest: str) -> None:
-        self._write("checkpoints", checkpoint_id, digest)
-        self._write("digests", digest, checkpoint_id)
-
-    def layer(self, name: str) -> LayerBlob | None:
-        text = self._read("layers", name)
-        return LayerBlob(**json.loads(text)) if text else None
-
-    def record_layer(self, blob: LayerBlob) -> None:
-        self._write("layers", blob.name, json.dumps(asdict(blob)))
-
-
-@contextmanager
-def _scratch(local: Local) -> Iterator[Path]:
-    """A private directory on the home's filesystem (RAM packs are built and checked
-    there), removed afterwards whatever happened; those of killed runs (named by the pid
-    that made them) go when the next push or pull starts."""
-    root = local.root / "tmp"
-    root.mkdir(parents=True, exist_ok=True)
-    for old in root.iterdir():
-        pid = old.name.split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    path = root / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _compress(src: Path, dest: Path) -> None:
-    with src.open("rb") as fin, dest.open("wb") as fout:
-        zstandard.ZstdCompressor(level=_LEVEL).copy_stream(fin, fout)
-
-
-def _decompress(src: Path, dest: Path) -> None:
-    with src.open("rb") as fin, dest.open("wb") as fout:
-        zstandard.ZstdDecompressor().copy_stream(fin, fout)
-        fout.flush()
-        os.fsync(fout.fileno())
-
-
-def _portable_backing(backing: str | None, image_hash: str) -> str:
-    """A layer's backing name as it travels: the layer file next to it, or the image's
-    root disk — relative, so the same layer has the same bytes from any home."""
-    return backing if backing is not None else f"../images/{image_hash}/rootfs.qcow2"
-
-
-class Pusher:
-    """Writes checkpoints of one home into one object store."""
-
-    def __init__(self, local: Local, objects: ObjectStore, progress: Progress) -> None:
-        self.local = local
-        self.objects = objects
-        self.index = Index(local.root)
-        self.progress = progress
-
-    def push(self, checkpoint: str, refs: tuple[str, ...] = ()) -> tuple[CheckpointRecord, str]:
-        """Push ``checkpoint`` and the part of its lineage the store lacks; point its id,
-        its name and ``refs`` at it. Returns the checkpoint and its digest."""
-        record = self.local.store.get_checkpoint(checkpoint)
-        digest = self._push(record)
-        for ref in (record.id, *((record.name,) if record.name else ()), *refs):
-            self.objects.put_bytes(f"refs/{ref}", f"sha256:{digest}\n".encode(), overwrite=True)
-        return record, digest
-
-    def _push(self, record: CheckpointRecord) -> str:
-        known = self.index.digest_of(record.id)
-        if known is not None and self.objects.has(f"manifests/{known}"):
-            self.objects.counter.skipped_objects += 1
-            return known  # already there, with everything it refers to
-        parent = None
-        if record.parent_checkpoint is not None:
-            parent = self._push(self.local.store.get_checkpoint(record.parent_checkpoint))
-        self.progress(f"pushing {record.id}")
-        files = CheckpointFiles.of(self.local.home, record.id)
-        checkpoint = json.loads(files.manifest.read_text())
-        if not checkpoint.get("host"):
-            # Made here by a forkpoint that did not record host facts yet: they are ours.
-            accel = str(checkpoint["machine"]["accel"])
-            checkpoint["host"] = host_facts(accel, host_tsc_khz())
-        with _scratch(self.local) as tmp:
-            base = (
-                CheckpointFiles.of(self.local.home, record.parent_checkpoint).ram
-                if record.parent_checkpoint is not None
-                else None
-            )
-            pack = tmp / "ram.pack"
-            stats = write_pack(files.ram, base, pack)
-            ram = RamPack(
-                digest=sha256_file(pack), bytes=stats.stored_bytes,
-                size=files.ram.stat().st_size, page_size=PAGE, pages=stats.pages,
-            )  # fmt: skip
-            self.objects.put_file(ram.key, pack)
-            state = self._put_compressed(files.state, tmp / "state.zst")
-            layers = tuple(self._put_layer(name, record.image_hash, tmp) for name in
-                           self.local.store.layer_chain(record.disk_layer))  # fmt: skip
-        manifest = PortableManifest(
-            checkpoint=checkpoint, parent=parent, ram=ram, state=state, layers=layers,
-            image_name=record.image, image_hash=record.image_hash,
-        )  # fmt: skip
-        # Last: a manifest in the store means everything it names is there.
-        self.objects.put_bytes(f"manifests/{manifest.digest}", manifest.encode())
-        self.index.record(record.id, manifest.digest)
-        return manifest.digest
-
-    def _put_compressed(self, src: Path, dest: Path) -> Blob:
-        _compress(src, dest)
-        blob = Blob(digest=sha256_file(dest), bytes=dest.stat().st_size)
-        self.objects.put_file(blob.key, dest)
-        return blob
-
-    def _put_layer(self, name: str, image_hash: str, tmp: Path) -> LayerBlob:
-        """A frozen layer never changes: its blob is computed once per home."""
-        cached = self.index.layer(name)
-        if cached is not None and self.objects.has(cached.key):
-            return cached
-        layer = self.local.store.get_layer(name)
-        copy = tmp / name
-        shutil.copyfile(self.local.home.layers / name, copy)
-        rebase_unsafe(copy, _portable_backing(layer.backing, image_hash))
-        blob = self._put_compressed(copy, tmp / f"{name}.zst")
-        copy.unlink()
-        result = LayerBlob(digest=blob.digest, bytes=blob.bytes, name=name, backing=layer.backing)
-        self.index.record_layer(result)
-        return result
-
+__all__ = ["Puller"]
 
 _TSC_TOLERANCE = 0.001  # /proc/cpuinfo's reading of the rate, not the rate: allow its jitter
 
@@ -298,7 +90,7 @@ class Puller:
             chain.append((at, manifest))
             at = manifest.parent
         if chain:
-            with _scratch(self.local) as tmp:
+            with scratch(self.local) as tmp:
                 for _, manifest in chain:
                     self._fetch(manifest, tmp)
                 for at_digest, manifest in reversed(chain):  # parents first
@@ -395,7 +187,7 @@ class Puller:
         try:
             base = CheckpointFiles.of(home, parent_id).ram if parent_id else None
             apply_pack(tmp / portable.ram.digest, base, portable.ram.size, staging.ram)
-            _decompress(tmp / portable.state.digest, staging.state)
+            decompress(tmp / portable.state.digest, staging.state)
             data = dict(portable.checkpoint, parent_checkpoint=parent_id)
             staging.manifest.write_text(json.dumps(data, indent=2, sort_keys=True))
             staging.manifest.chmod(0o444)
@@ -429,7 +221,7 @@ class Puller:
                     backing = image.rootfs
                 dest = self.local.home.layers / layer.name
                 part = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
-                _decompress(tmp / layer.digest, part)
+                decompress(tmp / layer.digest, part)
                 rebase_unsafe(part, str(backing.resolve()))
                 os.rename(part, dest)
                 made.append(layer.name)
