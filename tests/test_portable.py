@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from forkpoint.errors import CorruptCheckpoint, NotFound
-from forkpoint.runtime.portable.bundle import Blob, PortableManifest, RamPack, parse_ref
+from forkpoint.runtime.portable.bundle import (
+    Blob,
+    LayerBlob,
+    PortableManifest,
+    RamPack,
+    parse_ref,
+)
 from forkpoint.runtime.portable.objects import S3Store, TarReader, TarWriter
 from forkpoint.runtime.portable.ramdiff import PAGE, apply_pack, write_pack
 from forkpoint.vm.ramfile import allocated_bytes
@@ -91,13 +99,22 @@ def test_s3_multipart_upload(s3: S3Server, tmp_path: Path) -> None:
     assert store.get_bytes("blobs/big") == data
 
 
-def test_a_manifest_is_verified_against_its_digest() -> None:
-    manifest = PortableManifest(
-        checkpoint={"id": "c-0123456789", "format": 1}, parent=None,
+def _manifest(**changes: Any) -> PortableManifest:
+    base = PortableManifest(
+        checkpoint={"id": "c-0123456789", "format": 1, "disk_layer": "top.qcow2"}, parent=None,
         ram=RamPack(digest="0" * 64, bytes=1, size=PAGE, page_size=PAGE, pages=0),
-        state=Blob(digest="1" * 64, bytes=1), layers=(), image_name="default",
-        image_hash="abc",
+        state=Blob(digest="1" * 64, bytes=1),
+        layers=(
+            LayerBlob(digest="2" * 64, bytes=1, name="top.qcow2", backing="base.qcow2"),
+            LayerBlob(digest="3" * 64, bytes=1, name="base.qcow2", backing=None),
+        ),
+        image_name="default", image_hash="db7bcc036862b960",
     )  # fmt: skip
+    return replace(base, **changes)
+
+
+def test_a_manifest_is_verified_against_its_digest() -> None:
+    manifest = _manifest()
     data = manifest.encode()
     assert PortableManifest.decode(data, manifest.digest) == manifest
     tampered = data.replace(b"default", b"defauls")
@@ -105,6 +122,26 @@ def test_a_manifest_is_verified_against_its_digest() -> None:
         PortableManifest.decode(tampered, manifest.digest)
     assert parse_ref(f"sha256:{manifest.digest}") == (manifest.digest, "")
     assert parse_ref("my-checkpoint") == (None, "my-checkpoint")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"state": Blob(digest="../../../etc/cron.d/x", bytes=1)},  # blobs become file names
+        {"parent": "../../x"},
+        {"checkpoint": {"id": "../c-0123456789", "format": 1, "disk_layer": "top.qcow2"}},
+        {"image_hash": "../../x"},
+        {
+            "checkpoint": {"id": "c-0123456789", "format": 1, "disk_layer": "../top"},
+            "layers": (LayerBlob(digest="2" * 64, bytes=1, name="../top", backing=None),),
+        },
+        {"layers": (LayerBlob(digest="2" * 64, bytes=1, name="top.qcow2", backing="x"),)},
+    ],
+)
+def test_a_manifest_naming_files_outside_the_home_is_refused(changes: dict[str, Any]) -> None:
+    manifest = _manifest(**changes)
+    with pytest.raises(CorruptCheckpoint, match="malformed"):
+        PortableManifest.decode(manifest.encode(), manifest.digest)
 
 
 def test_an_archive_holds_the_objects_written(tmp_path: Path) -> None:

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from forkpoint.errors import CorruptCheckpoint, IncompatibleCheckpoint
+from forkpoint.models import ID_PATTERN
 
 __all__ = ["FORMAT", "Blob", "LayerBlob", "PortableManifest", "RamPack", "parse_ref"]
 
 FORMAT = "forkpoint-portable/1"
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_CHECKPOINT_ID = re.compile(ID_PATTERN.removeprefix("^").removesuffix("$"))
+_IMAGE_HASH = re.compile(r"[0-9a-f]{8,64}")
+_FILE_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ class PortableManifest:
                     f"manifest {digest[:16]} has format {raw.get('format')!r}; "
                     f"this forkpoint reads {FORMAT}"
                 )
-            return cls(
+            manifest = cls(
                 checkpoint=dict(raw["checkpoint"]),
                 parent=raw["parent"],
                 ram=RamPack(**raw["ram"]),
@@ -108,8 +115,37 @@ class PortableManifest:
                 image_name=str(raw["image"]["name"]),
                 image_hash=str(raw["image"]["hash"]),
             )
+            manifest._validate()
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise CorruptCheckpoint(f"manifest {digest[:16]} is malformed: {error}") from error
+        return manifest
+
+    def _validate(self) -> None:
+        """Names from a store become file names here: only plain ones, consistent ones.
+
+        :raises ValueError: naming what is wrong.
+        """
+        digests = [self.ram.digest, self.state.digest, *(layer.digest for layer in self.layers)]
+        if self.parent is not None:
+            digests.append(self.parent)
+        for digest in digests:
+            if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+                raise ValueError(f"not a sha256 digest: {digest!r}")
+        if not isinstance(self.checkpoint.get("id"), str) or not _CHECKPOINT_ID.fullmatch(
+            self.checkpoint["id"]
+        ):
+            raise ValueError(f"not a checkpoint id: {self.checkpoint.get('id')!r}")
+        if not _IMAGE_HASH.fullmatch(self.image_hash):
+            raise ValueError(f"not an image hash: {self.image_hash!r}")
+        if not self.layers or self.checkpoint.get("disk_layer") != self.layers[0].name:
+            raise ValueError("the layers do not start with the checkpoint's disk layer")
+        for upper, lower in zip(self.layers, (*self.layers[1:], None), strict=True):
+            if not _FILE_NAME.fullmatch(upper.name):
+                raise ValueError(f"not a layer file name: {upper.name!r}")
+            if upper.backing != (lower.name if lower is not None else None):
+                raise ValueError(f"layer {upper.name} does not stack on the next one")
+        if self.ram.page_size <= 0 or self.ram.size % self.ram.page_size:
+            raise ValueError(f"RAM of {self.ram.size} bytes in pages of {self.ram.page_size}")
 
 
 def parse_ref(ref: str) -> tuple[str | None, str]:

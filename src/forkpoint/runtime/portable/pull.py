@@ -116,6 +116,11 @@ class Puller:
         accelerator, argv layout, machine shape via the manifest's own check; then the
         host facts; then the image its disk stacks on)."""
         manifest = Manifest.from_dict(portable.checkpoint)
+        if portable.ram.size != manifest.shape.memory_mib << 20:
+            raise CorruptCheckpoint(
+                f"checkpoint {manifest.id}: a RAM of {portable.ram.size} bytes for a guest of "
+                f"{manifest.shape.memory_mib} MiB"
+            )
         try:
             here = self.local.shape_here(
                 portable.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
