@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from forkpoint.errors import InternalError, InvalidInput, NotFound
+from forkpoint.errors import CorruptCheckpoint, InternalError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -51,7 +51,9 @@ class ObjectStore(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...
     def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
-    def get_file(self, key: str, dest: Path) -> None: ...
+    def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
+        """Download ``key`` to ``dest``; stop with CorruptCheckpoint past ``max_bytes``."""
+
     def describe(self) -> str: ...
 
 
@@ -181,20 +183,26 @@ class S3Store:
         self._received(key, len(data))
         return data
 
-    def get_file(self, key: str, dest: Path) -> None:
+    def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
         with _s3_errors(f"GET {key}"):
             answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             size = 0
             with dest.open("wb") as out:
                 for chunk in answer["Body"].iter_chunks(_READ):
-                    out.write(chunk)
                     size += len(chunk)
+                    _check_size(key, size, max_bytes)
+                    out.write(chunk)
         self._received(key, size)
 
     def _received(self, key: str, size: int) -> None:
         self.counter.received_bytes += size
         self.counter.received_objects += 1
         self.counter.keys_received.append(key)
+
+
+def _check_size(key: str, size: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise CorruptCheckpoint(f"object {key} is larger than its manifest says ({max_bytes})")
 
 
 def _valid_endpoint(endpoint: str) -> bool:
@@ -269,7 +277,7 @@ class TarWriter:
     def get_bytes(self, key: str) -> bytes:
         raise NotFound(f"{self.path} is being written")
 
-    def get_file(self, key: str, dest: Path) -> None:
+    def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
         raise NotFound(f"{self.path} is being written")
 
     def close(self) -> None:
@@ -328,13 +336,14 @@ class TarReader:
         self.counter.keys_received.append(key)
         return data
 
-    def get_file(self, key: str, dest: Path) -> None:
+    def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
         src = self._open(key)
         size = 0
         with dest.open("wb") as out:
             while chunk := src.read(_READ):
-                out.write(chunk)
                 size += len(chunk)
+                _check_size(key, size, max_bytes)
+                out.write(chunk)
         self.counter.received_bytes += size
         self.counter.received_objects += 1
         self.counter.keys_received.append(key)

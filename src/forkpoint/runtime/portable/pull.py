@@ -19,6 +19,7 @@ from pathlib import Path
 from forkpoint.errors import Conflict, CorruptCheckpoint, IncompatibleCheckpoint, NotFound
 from forkpoint.images import get_image
 from forkpoint.models import CheckpointKind
+from forkpoint.runtime.capacity import checkpoint_bytes, require_space
 from forkpoint.runtime.manifest import CheckpointFiles, Manifest
 from forkpoint.store import CheckpointRecord
 from forkpoint.vm.disk import rebase_unsafe
@@ -90,6 +91,13 @@ class Puller:
             chain.append((at, manifest))
             at = manifest.parent
         if chain:
+            # Blobs, then each checkpoint as written (at most its RAM and overhead).
+            need = sum(
+                sum(b.bytes for b in (m.ram, m.state, *m.layers))
+                + checkpoint_bytes(m.ram.size >> 20)
+                for _, m in chain
+            )
+            require_space(self.local.home, need, "a pull")
             with scratch(self.local) as tmp:
                 for _, manifest in chain:
                     self._fetch(manifest, tmp)
@@ -151,7 +159,7 @@ class Puller:
             if dest.exists():
                 continue
             self.progress(f"fetching {blob.key} ({blob.bytes} bytes)")
-            self.objects.get_file(blob.key, dest)
+            self.objects.get_file(blob.key, dest, max_bytes=blob.bytes)
             actual = sha256_file(dest)
             if actual != blob.digest:
                 raise CorruptCheckpoint(
