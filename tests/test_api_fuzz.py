@@ -31,6 +31,7 @@ import pytest
 
 from forkpoint.config import Home, home
 from forkpoint.models import SessionState
+from s3_server import s3_server
 
 pytestmark = pytest.mark.vm
 
@@ -96,8 +97,15 @@ class Sampler:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
-    """A ``forkpoint serve --port 0`` on a fresh home sharing the image: (url, token, home)."""
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Path]]:
+    """A ``forkpoint serve --port 0`` on a fresh home sharing the image, next to a real S3
+    server for pushes and pulls (its AWS_* variables reach the server): (url, token, home)."""
+    with s3_server(tmp_path / "s3") as s3:
+        monkeypatch.setenv("FORKPOINT_FUZZ_S3", s3.url("fuzz"))  # read by fuzz_hooks.py
+        yield from _serve(tmp_path)
+
+
+def _serve(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
     fuzz_home = tmp_path / "home"
     fuzz_home.mkdir()
     for shared in ("images", "cache"):

@@ -16,7 +16,8 @@
     │   ├── InUse                   something still depends on it
     │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
     │   │   └── LimitExceeded       a host limit (free disk reserve, session count) says no
-    │   └── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
+    │   ├── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
+    │   └── CorruptCheckpoint       a stored checkpoint's bytes do not match their digest
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
         ├── QemuError               carries ``log_tail`` from QEMU's own log
@@ -45,6 +46,7 @@ __all__ = [
     "CommandTimeout",
     "CommandNotFound",
     "Conflict",
+    "CorruptCheckpoint",
     "ForkpointError",
     "GuestRefused",
     "ImageBuildError",
@@ -191,6 +193,10 @@ class LimitExceeded(Busy):
 
 class IncompatibleCheckpoint(Conflict):
     code = "incompatible_checkpoint"
+
+
+class CorruptCheckpoint(Conflict):
+    code = "corrupt_checkpoint"
 
 
 class CommandTimeout(ForkpointError):

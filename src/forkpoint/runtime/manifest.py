@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ class Manifest:
     ports: tuple[int, ...]
     stats: CheckpointStats
     duration_ms: float
+    #: What a host must match to restore it beyond ``shape`` (``vm.host.host_facts``:
+    #: accel, TSC rate under TCG, CPU and kernel under KVM); empty in older checkpoints.
+    host: dict[str, object] = field(default_factory=dict)
 
     # -- files -------------------------------------------------------------------------
 
@@ -129,6 +132,7 @@ class Manifest:
             "written_bytes": s.written_bytes, "pause_ms": s.pause_ms,
             "base_copy_ms": s.base_copy_ms, "device_state_ms": s.device_state_ms,
             "written_ms": s.written_ms, "duration_ms": self.duration_ms,
+            **({"host": dict(self.host)} if self.host else {}),
         }  # fmt: skip
 
     @classmethod
@@ -174,6 +178,7 @@ class Manifest:
                     state_bytes=int(data.get("state_bytes", 0)),
                 ),
                 duration_ms=float(data.get("duration_ms", 0.0)),
+                host=dict(data.get("host") or {}),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise IncompatibleCheckpoint(

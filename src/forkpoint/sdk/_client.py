@@ -33,6 +33,7 @@ from forkpoint.errors import ForkpointError, InternalError, InvalidInput, code_f
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
+    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     FileEntry,
@@ -269,6 +270,15 @@ class ApiClient:
             ForkpointError.from_dict(asdict(s.error)) if isinstance(s, ErrorResponse) else s
             for s in slots
         ]
+
+    async def push_checkpoint(self, checkpoint: str, to: str) -> CheckpointTransfer:
+        url = f"/checkpoints/{_seg(checkpoint)}/push"
+        body = {"to": to}
+        return await self._parse(CheckpointTransfer, "POST", url, json=body)
+
+    async def pull_checkpoint(self, ref: str, source: str) -> CheckpointTransfer:
+        body = {"ref": ref, "from": source}
+        return await self._parse(CheckpointTransfer, "POST", "/checkpoints/pull", json=body)
 
 
 def command_body(

@@ -36,6 +36,7 @@ from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
+    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     FileEntry,
@@ -58,6 +59,8 @@ from forkpoint.requests import (
     ForkRequest,
     GuestPath,
     PortRequest,
+    PullRequest,
+    PushRequest,
     Ref,
     RollbackPreviewRequest,
     RollbackRequest,
@@ -551,6 +554,24 @@ def _router(
             OperationKind.FORK, source.id, work, wait, new_sessions=body.count
         )
 
+    # -- portable checkpoints ----------------------------------------------------------
+
+    @r.post(
+        "/checkpoints/{checkpoint_id}/push",
+        tags=["checkpoints"],
+        responses={200: {"links": _pull_links()}},
+    )
+    async def push_checkpoint(checkpoint_id: CheckpointId, body: PushRequest) -> CheckpointTransfer:
+        """Upload the checkpoint, with what the bucket lacks of its lineage, to an
+        S3-compatible store; its id and name become refs to its digest."""
+        return await runtime.push_checkpoint(checkpoint_id, body.to)
+
+    @r.post("/checkpoints/pull", status_code=201, tags=["checkpoints"])
+    async def pull_checkpoint(body: PullRequest) -> CheckpointTransfer:
+        """Download a checkpoint (by digest or ref) into this home, verified; refused with
+        409 incompatible_checkpoint before any RAM moves if this host cannot restore it."""
+        return await runtime.pull_checkpoint(body.ref, body.source)
+
     # -- operations --------------------------------------------------------------------
 
     @r.get("/operations", tags=["operations"])
@@ -618,7 +639,8 @@ def _checkpoint_links(
     checkpoint_id: str = "$response.body#/id", *, rollback: bool = True
 ) -> dict[str, Any]:
     """Links from a checkpoint's id to the operations on it (and, from the request that
-    made it, to rolling its session back to it, previewing that, and diffing since)."""
+    made it, to pushing it, rolling its session back to it, previewing that, and diffing
+    since)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
         for target in ("get_checkpoint", "remove_checkpoint", "fork")
@@ -626,6 +648,11 @@ def _checkpoint_links(
     links["Fork"]["requestBody"] = {"count": 1}
     if not rollback:
         return links
+    # From the request that made it only: each link takes a share of a fuzzer's turns.
+    links["PushCheckpoint"] = {
+        "operationId": "push_checkpoint",
+        "parameters": {"checkpoint_id": checkpoint_id},
+    }
     links["RollbackTo"] = {
         "operationId": "rollback",
         "parameters": {"session_id": "$request.path.session_id"},
@@ -637,6 +664,12 @@ def _checkpoint_links(
         "requestBody": {"a": checkpoint_id, "b": "$request.path.session_id"},
     }
     return links
+
+
+def _pull_links() -> dict[str, Any]:
+    """From a push to pulling what it pushed (by digest, from where it went)."""
+    body = {"ref": "$response.body#/digest", "from": "$response.body#/location"}
+    return {"PullCheckpoint": {"operationId": "pull_checkpoint", "requestBody": body}}
 
 
 def _written_file_links() -> dict[str, Any]:
