@@ -147,6 +147,16 @@ _HEAVY: dict[int | str, dict[str, Any]] = {
         "headers": {"Retry-After": _RETRY_AFTER},
     },
 }
+# In a session keeping history a command or file change first takes a checkpoint, which a
+# host limit (the free-disk reserve) may refuse.
+_STEP: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": ErrorResponse,
+        "description": "The session keeps history and the checkpoint before this step would "
+        "cross a host limit; retry after Retry-After seconds.",
+        "headers": {"Retry-After": _RETRY_AFTER},
+    },
+}
 # A signal by number (0: only check the process exists) or name, with or without "SIG".
 _SIGNAL_PATTERN = (
     "^([0-9]|[1-5][0-9]|6[0-4]|(SIG)?("
@@ -390,6 +400,7 @@ def _router(
         tags=["commands"],
         summary="Run a command (to completion, or in the background)",
         responses={
+            **_STEP,
             200: {
                 "links": {
                     "KillProcess": {
@@ -405,7 +416,7 @@ def _router(
                         "parameters": {"session_id": "$request.path.session_id"},
                     },
                 }
-            }
+            },
         },
     )
     async def exec_command(
@@ -463,7 +474,7 @@ def _router(
         openapi_extra={"requestBody": {"required": True, "content": _OCTETS}},
         tags=["files"],
         summary=f"Write a file (raw body, at most {max_upload_bytes} bytes)",
-        responses={204: {"links": _written_file_links()}},
+        responses={**_STEP, 204: {"links": _written_file_links()}},
     )
     async def write_file(
         session_id: SessionId,
@@ -483,7 +494,7 @@ def _router(
             await runtime.write_file(session_id, path, spool, mode=mode)
         return Response(status_code=204)
 
-    @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"])
+    @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"], responses=_STEP)
     async def remove_file(session_id: SessionId, path: RemovablePathQuery) -> Response:
         await runtime.remove_file(session_id, path)
         return Response(status_code=204)
