@@ -46,7 +46,17 @@ def _progress_reporter() -> Iterator[ProgressFn]:
                     )
                 return
             if stage != "rootfs" or detail.startswith(
-                ("I:", "E:", "W:", "mmdebstrap", "creating", "reusing")
+                (
+                    "I:",
+                    "E:",
+                    "W:",
+                    "mmdebstrap",
+                    "creating",
+                    "reusing",
+                    "copying",
+                    "unpacking",
+                    "adding",
+                )
             ):
                 err_console.print(
                     f"{stage}: {detail}", markup=False, highlight=False, soft_wrap=True
@@ -215,10 +225,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _source(source: dict[str, str]) -> str:
-    """``debian bookworm +git``, ``dockerfile ./Dockerfile sha256:…``."""
+    """``debian bookworm +git``, ``dockerfile ./Dockerfile @1a2b3c4d5e6f`` (config digest)."""
     text = f"{source.get('kind', '?')} {source.get('ref', '')}".strip()
     digest = source.get("digest")
-    return f"{text} {digest[:19]}" if digest else text
+    return f"{text} @{digest.partition(':')[2][:12]}" if digest else text
 
 
 def _defaults(config: dict[str, Any]) -> str:

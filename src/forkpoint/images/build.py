@@ -1,7 +1,7 @@
 """Build an image from a :class:`Recipe`, atomically and at most once per recipe hash.
 
-Steps: validate packages (fast, before anything slow) → kernel (.deb cached) →
-initramfs → rootfs (mmdebstrap, ≈ 40 s; or an OCI image's, ``images/oci.py``) →
+Steps: validate packages (fast, before anything slow) → rootfs (mmdebstrap, ≈ 40 s;
+or an OCI image's, ``images/oci.py``) → kernel (.deb cached) → initramfs →
 ``image.json`` → rename the build dir into place → point the name at it. Everything
 happens in ``images/.tmp-<hash>-<pid>/``, removed on any failure, Ctrl-C or SIGTERM; a
 SIGKILL'd build's dir is ignored by lookups and deleted by the next build.
@@ -147,6 +147,18 @@ def _build_in(
     started = time.monotonic()
     cache = home().cache
 
+    def log(line: str) -> None:
+        report("rootfs", line)
+
+    # The root filesystem first: an unusable OCI image fails before any kernel work.
+    extra: dict[str, object] = {}
+    if source is None:
+        build_rootfs(recipe, work, work / ROOTFS_FILE, cache, log=log)
+    else:
+        extra = build_oci_rootfs(
+            source, work, work / ROOTFS_FILE, recipe.disk_size, start=recipe.start, log=log
+        )
+
     report("kernel", f"resolving {recipe.kernel_package}")
     package = kernel_mod.resolve_kernel_package(recipe.kernel_package)
     report("kernel", f"fetching {package}")
@@ -158,17 +170,6 @@ def _build_in(
     report("initramfs", f"packing busybox and virtio modules for {extracted.version}")
     packed = build_initramfs(extracted, work / INITRD_FILE)
     remove_tree(work / "kernel-pkg")
-
-    def log(line: str) -> None:
-        report("rootfs", line)
-
-    extra: dict[str, object] = {}
-    if source is None:
-        build_rootfs(recipe, work, work / ROOTFS_FILE, cache, log=log)
-    else:
-        extra = build_oci_rootfs(
-            source, work, work / ROOTFS_FILE, recipe.disk_size, start=recipe.start, log=log
-        )
 
     report("finish", "writing image.json")
     files = {name: (work / name).stat().st_size for name in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE)}

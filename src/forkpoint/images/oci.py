@@ -372,8 +372,9 @@ def write_image_config(tree: Path, config: ImageConfig, start: bool) -> None:
     dest.chmod(0o644)
 
 
-def ensure_mount_points(tree: Path) -> None:
-    """The directories forkpoint's init mounts on, which container images often lack."""
+def prepare_tree(tree: Path) -> None:
+    """What container images often lack and a booted guest needs: the directories init
+    mounts on, and root in ``/etc/passwd`` and ``/etc/group`` (scratch/busybox images)."""
     for rel, mode in (("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("run", 0o755),
                       ("tmp", 0o1777), ("root", 0o700), ("sbin", 0o755), ("etc", 0o755),
                       ("var/log", 0o755)):  # fmt: skip
@@ -383,6 +384,12 @@ def ensure_mount_points(tree: Path) -> None:
         if not path.exists():
             path.mkdir(parents=True)
             path.chmod(mode)
+    for rel, line in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh"), ("etc/group", "root:x:0:")):
+        path = tree / rel
+        text = path.read_text() if path.is_file() else ""
+        if not any(entry.startswith("root:") for entry in text.splitlines()):
+            path.write_text(line + "\n" + text)
+            path.chmod(0o644)
 
 
 def build_oci_rootfs(
@@ -400,7 +407,7 @@ def build_oci_rootfs(
         tree, config = unpack(source, work, log)
         libc = check_guest(tree, source.ref)
         log(f"adding forkpoint's init, agent and Python ({libc} image)")
-        ensure_mount_points(tree)
+        prepare_tree(tree)
         install_guest_files(tree)
         add_guest_user(tree)
         install_agent_python(tree)

@@ -15,8 +15,9 @@ __all__ = ["remove_image"]
 _LOCK_TIMEOUT_S = 60.0
 
 
-def _listed(ids: list[str]) -> str:
-    return ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+def _listed(what: str, ids: list[str]) -> str:
+    shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    return f"{what}{'s' if len(ids) > 1 else ''} {shown}"
 
 
 def remove_image(home: Home, store: Store, checkpoints: Checkpointer, name: str) -> list[str]:
@@ -33,14 +34,18 @@ def remove_image(home: Home, store: Store, checkpoints: Checkpointer, name: str)
     with global_lock(home, "gc", _LOCK_TIMEOUT_S):
         sessions = [s.id for s in store.list_sessions() if s.image_hash in hashes]
         if sessions:
-            raise InUse(f"image {name} is in use by session {_listed(sessions)}: remove it first")
+            raise InUse(
+                f"image {name} is in use by {_listed('session', sessions)}: remove them first"
+            )
         saved = [
             c.id
             for c in store.list_checkpoints()
             if c.image_hash in hashes and c.kind != CheckpointKind.TEMPLATE
         ]
         if saved:
-            raise InUse(f"image {name} is needed by checkpoint {_listed(saved)}: remove it first")
+            raise InUse(
+                f"image {name} is needed by {_listed('checkpoint', saved)}: remove them first"
+            )
         for template in store.list_templates():
             if template.image_hash in hashes:
                 checkpoints.delete(template.checkpoint_id)
