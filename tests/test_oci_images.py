@@ -299,7 +299,7 @@ def test_dockerfile_image_story(oci_home: dict[str, str], tmp_path: Path) -> Non
     )
     assert "ocitest" in _image_names(env)
 
-    assert _cli(env, "exec", sid, "--", "kill", str(server)).returncode == 0
+    assert _cli(env, "exec", sid, "--", "sh", "-c", f"kill {server}").returncode == 0
     back = _json(_cli(env, "rollback", sid, checkpoint["id"], "--json"))
     assert isinstance(back, dict)
     assert _get(url + "/index.html") == _PAGE
