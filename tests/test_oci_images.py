@@ -22,7 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2b import Sandbox
 
+from e2b_gateway import running_gateway
 from forkpoint.config import home
 from forkpoint.errors import InvalidInput, UnusableImage
 from forkpoint.images import Recipe
@@ -219,6 +221,18 @@ def _build_app(
     return proc, time.monotonic() - started
 
 
+@pytest.fixture(scope="module")
+def app_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Dockerfile and its context, ``FROM`` the Debian base (made if podman lacks it)."""
+    root = tmp_path_factory.mktemp("oci")
+    _debian_base(root)
+    context = root / "ctx"
+    (context / "app").mkdir(parents=True)
+    (context / "app" / "index.html").write_text(_PAGE)
+    (context / "Dockerfile").write_text(_DOCKERFILE)
+    return context
+
+
 def _get(url: str, timeout_s: float = 60.0) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -255,14 +269,8 @@ def _pid_of(env: dict[str, str], session: str, needle: str) -> int:
 
 @needs_tools
 @pytest.mark.vm
-def test_dockerfile_image_story(oci_home: dict[str, str], tmp_path: Path) -> None:
-    env = oci_home
-    _debian_base(tmp_path)
-    context = tmp_path / "ctx"
-    (context / "app").mkdir(parents=True)
-    (context / "app" / "index.html").write_text(_PAGE)
-    (context / "Dockerfile").write_text(_DOCKERFILE)
-
+def test_dockerfile_image_story(oci_home: dict[str, str], app_context: Path) -> None:
+    env, context = oci_home, app_context
     built, first_s = _build_app(env, context)
     assert built.returncode == 0, built.stderr
     assert "STEP 8/8" in built.stderr  # progress shown
@@ -332,3 +340,22 @@ def test_busybox_only_image_runs_the_agent_and_is_removed(
     assert removed == {"name": "bbtest", "removed": [image["hash"]]}
     assert "bbtest" not in _image_names(env)
     assert not (Path(env["FORKPOINT_HOME"]) / "images" / image["hash"]).exists()
+
+
+@needs_tools
+@pytest.mark.vm
+def test_an_e2b_template_name_is_the_image(
+    oci_home: dict[str, str], app_context: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The official e2b SDK's ``Sandbox.create("ocitest")`` runs the Dockerfile's image:
+    its WORKDIR and ENV apply to E2B's commands (which run as ``user``, as on E2B)."""
+    built, _ = _build_app(oci_home, app_context)  # cached by the story's build
+    assert built.returncode == 0, built.stderr
+    monkeypatch.setenv("FORKPOINT_HOME", oci_home["FORKPOINT_HOME"])
+    with running_gateway():
+        sandbox = Sandbox.create("ocitest")
+        try:
+            result = sandbox.commands.run('pwd; echo "$GREETING"; id -un; cat index.html')
+            assert result.stdout.splitlines() == ["/srv/app", "hello", "user", _PAGE.strip()]
+        finally:
+            sandbox.kill()
