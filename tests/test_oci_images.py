@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
@@ -81,6 +82,46 @@ def test_check_guest_names_what_is_missing(tmp_path: Path) -> None:
     (escape / "bin" / "sh").symlink_to("../../../../../../bin/sh")
     with pytest.raises(UnusableImage, match="no shell"):
         check_guest(escape, "escape")
+
+
+def _elf(path: Path, interpreter: str, machine: int = 62) -> None:
+    """A minimal 64-bit ELF header with one program header, PT_INTERP naming
+    ``interpreter`` (all :func:`check_guest` reads)."""
+    interp = interpreter.encode() + b"\0"
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<HHI", header, 0x10, 3, machine, 1)  # ET_DYN, e_machine, version
+    struct.pack_into("<Q", header, 0x20, 64)  # e_phoff
+    struct.pack_into("<HH", header, 0x36, 56, 1)  # e_phentsize, e_phnum
+    ph = struct.pack("<IIQQQQQQ", 3, 4, 120, 0, 0, len(interp), len(interp), 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(header) + ph + interp)
+
+
+def test_check_guest_tells_musl_from_glibc_and_refuses_other_machines(tmp_path: Path) -> None:
+    musl = tmp_path / "alpine"
+    _elf(musl / "bin" / "busybox", "/lib/ld-musl-x86_64.so.1")
+    (musl / "bin" / "sh").symlink_to("/bin/busybox")
+    with pytest.raises(UnusableImage, match="needs /lib/ld-musl-x86_64.so.1, which is missing"):
+        check_guest(musl, "alpine")
+    (musl / "lib").mkdir()
+    (musl / "lib" / "ld-musl-x86_64.so.1").write_bytes(b"")
+    assert check_guest(musl, "alpine") == "musl"
+    glibc = tmp_path / "debian"
+    _elf(glibc / "usr" / "bin" / "dash", "/lib64/ld-linux-x86-64.so.2")
+    (glibc / "bin").symlink_to("usr/bin")  # merged /usr, relative as Debian has it
+    (glibc / "usr" / "bin" / "sh").symlink_to("dash")
+    (glibc / "lib64").mkdir()
+    (glibc / "lib64" / "ld-linux-x86-64.so.2").symlink_to("/lib/x86_64-linux-gnu/ld.so")
+    with pytest.raises(UnusableImage, match="no C library"):
+        check_guest(glibc, "debian")  # the loader link dangles inside the image
+    (glibc / "lib" / "x86_64-linux-gnu").mkdir(parents=True)
+    (glibc / "lib" / "x86_64-linux-gnu" / "ld.so").write_bytes(b"")
+    assert check_guest(glibc, "debian") == "glibc"
+    arm = tmp_path / "arm"
+    _elf(arm / "bin" / "sh", "/lib/ld-linux-aarch64.so.1", machine=183)
+    with pytest.raises(UnusableImage, match="built for aarch64; forkpoint guests are x86-64"):
+        check_guest(arm, "arm")
 
 
 def test_build_args_and_recipes() -> None:
