@@ -191,18 +191,17 @@ def register(app: typer.Typer) -> None:
             console.print("no images yet: run [bold]forkpoint image build[/]")
             return
         table = Table(box=None, header_style="bold")
-        for column in ("NAME", "HASH", "KERNEL", "SIZE", "CREATED"):
+        for column in ("NAME", "HASH", "SIZE", "CREATED"):  # the kernel: --json
             table.add_column(column, no_wrap=True)
-        table.add_column("SOURCE", ratio=1)
+        table.add_column("SOURCE", ratio=1, overflow="fold")
         for image in images:
             latest = current.get(image.name) == image.hash
             table.add_row(
                 escape(image.name) if latest else f"[dim]{escape(image.name)}[/]",
                 image.hash[:12],
-                image.kernel_version,
                 _size(image.size_bytes),
                 image.created_at.astimezone().strftime("%m-%d %H:%M"),
-                escape(_source(image.source)),
+                escape(_source(image.source, digest=False)),
             )
         console.print(table)
         if len(current) < len(images):
@@ -224,11 +223,11 @@ def register(app: typer.Typer) -> None:
         console.print(f"removed image {escape(name)} ({', '.join(h[:12] for h in removed)})")
 
 
-def _source(source: dict[str, str]) -> str:
+def _source(source: dict[str, str], *, digest: bool = True) -> str:
     """``debian bookworm +git``, ``dockerfile ./Dockerfile @1a2b3c4d5e6f`` (config digest)."""
     text = f"{source.get('kind', '?')} {source.get('ref', '')}".strip()
-    digest = source.get("digest")
-    return f"{text} @{digest.partition(':')[2][:12]}" if digest else text
+    config = source.get("digest")
+    return f"{text} @{config.partition(':')[2][:12]}" if config and digest else text
 
 
 def _defaults(config: dict[str, Any]) -> str:
