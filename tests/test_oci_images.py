@@ -29,7 +29,7 @@ from e2b_gateway import running_gateway
 from forkpoint.config import home
 from forkpoint.errors import InvalidInput, UnusableImage
 from forkpoint.images import Recipe
-from forkpoint.images.oci import check_guest, parse_build_args, resolve_ref
+from forkpoint.images.oci import check_guest, check_user, parse_build_args, resolve_ref
 from forkpoint.images.recipe import host_suite
 
 FORKPOINT = Path(sys.executable).with_name("forkpoint")
@@ -122,6 +122,19 @@ def test_check_guest_tells_musl_from_glibc_and_refuses_other_machines(tmp_path: 
     _elf(arm / "bin" / "sh", "/lib/ld-linux-aarch64.so.1", machine=183)
     with pytest.raises(UnusableImage, match="built for aarch64; forkpoint guests are x86-64"):
         check_guest(arm, "arm")
+
+
+def test_the_images_user_must_have_an_account(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text(
+        "root:x:0:0::/root:/bin/sh\nweb:x:1001:1001::/:/bin/sh\n"
+    )
+    for fine in (None, "root", "0", "web", "1001", "web:web", "1001:1001"):
+        check_user(tmp_path, fine, "img")
+    with pytest.raises(UnusableImage, match="its USER nobody has no account in /etc/passwd"):
+        check_user(tmp_path, "nobody", "img")
+    with pytest.raises(UnusableImage, match="USER 1002:1002 has no account"):
+        check_user(tmp_path, "1002:1002", "img")
 
 
 def test_build_args_and_recipes() -> None:

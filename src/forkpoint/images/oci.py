@@ -39,6 +39,7 @@ __all__ = [
     "OciSource",
     "build_dockerfile",
     "check_guest",
+    "check_user",
     "parse_build_args",
     "resolve_ref",
     "unpack",
@@ -361,6 +362,21 @@ def check_guest(tree: Path, what: str) -> str:
     return "musl" if "musl" in interpreter else "glibc"
 
 
+def check_user(tree: Path, user: str | None, what: str) -> None:
+    """The image's ``USER`` (a name or uid, ``:group`` ignored) has an account in its
+    ``/etc/passwd``: commands run as it. :raises UnusableImage:"""
+    if user is None:
+        return
+    name = user.split(":", 1)[0]
+    if name in ("root", "0"):
+        return
+    passwd = _resolve_in(tree, "/etc/passwd")
+    text = passwd.read_text(errors="replace") if passwd is not None and passwd.is_file() else ""
+    field = 2 if name.isdigit() else 0
+    if not any(line.split(":")[field : field + 1] == [name] for line in text.splitlines()):
+        raise UnusableImage(f"image {what}: its USER {user} has no account in /etc/passwd")
+
+
 def write_image_config(tree: Path, config: ImageConfig, start: bool) -> None:
     """The image's defaults for the agent (``IMAGE_CONFIG_PATH``); ``start`` only if asked."""
     data = config.to_dict()
@@ -406,6 +422,7 @@ def build_oci_rootfs(
     try:
         tree, config = unpack(source, work, log)
         libc = check_guest(tree, source.ref)
+        check_user(tree, config.user, source.ref)
         log(f"adding forkpoint's init, agent and Python ({libc} image)")
         prepare_tree(tree)
         install_guest_files(tree)

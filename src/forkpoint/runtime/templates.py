@@ -99,11 +99,21 @@ class Templates:
             await asyncio.to_thread(remove_cgroup, directory.name)
 
 
-async def _listeners(agent: AgentClient, pid: int) -> tuple[int, bool]:
-    """Listening TCP sockets in the guest, and whether ``pid`` still runs."""
-    result = await agent.exec(
-        ["cat", "/proc/net/tcp", "/proc/net/tcp6", f"/proc/{pid}/stat"], user="root", timeout=10
-    )
+# Only the shell's builtins: an image may have no ``cat``.
+_READ_LISTENERS = (
+    'for f in /proc/net/tcp /proc/net/tcp6 "/proc/$0/stat"; do [ -r "$f" ] && '
+    'while read -r l || [ -n "$l" ]; do echo "$l"; done <"$f"; done; true'
+)
+
+
+async def _listeners(agent: AgentClient, pid: int) -> tuple[int, bool] | None:
+    """Listening TCP sockets in the guest, and whether ``pid`` still runs (None: could
+    not tell)."""
+    try:
+        argv = ["/bin/sh", "-c", _READ_LISTENERS, str(pid)]
+        result = await agent.exec(argv, user="root", timeout=10)
+    except ForkpointError:
+        return None
     rows = [line.split() for line in result.stdout.decode(errors="replace").splitlines()]
     count = sum(1 for r in rows if len(r) > 3 and r[0].endswith(":") and r[3] == _LISTEN)
     alive = any(r and r[0] == str(pid) for r in rows)
@@ -117,12 +127,12 @@ async def _start_image_command(agent: AgentClient, image: Image) -> None:
     argv = [str(a) for a in (image.config or {}).get("start") or []]
     if not argv:
         return
-    before, _ = await _listeners(agent, 0)
+    before = await _listeners(agent, 0)
     started = await agent.spawn(argv)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _LISTEN_WAIT_S
-    while loop.time() < deadline:
-        count, alive = await _listeners(agent, started.pid)
-        if count > before or not alive:
+    while before is not None and loop.time() < deadline:
+        now = await _listeners(agent, started.pid)
+        if now is None or now[0] > before[0] or not now[1]:
             return
         await asyncio.sleep(0.2)
