@@ -263,8 +263,11 @@ def oci_home() -> Iterator[dict[str, str]]:
     root = home().root / "oci-home"
     env = _private_home(root)
     yield env
+    # Leave nothing that pins the images (a failed run's checkpoint would refuse `image rm`).
     for session in json.loads(_cli(env, "ls", "--json").stdout or "[]"):
         _cli(env, "rm", session["id"])
+    for checkpoint in json.loads(_cli(env, "checkpoints", "--json").stdout or "[]"):
+        _cli(env, "checkpoint", "rm", checkpoint["id"])
 
 
 def _build_app(

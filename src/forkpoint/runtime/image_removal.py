@@ -16,8 +16,10 @@ _LOCK_TIMEOUT_S = 60.0
 
 
 def _listed(what: str, ids: list[str]) -> str:
+    """``session s-1: remove it first``, ``sessions s-1, s-2: remove them first``."""
     shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-    return f"{what}{'s' if len(ids) > 1 else ''} {shown}"
+    many = len(ids) > 1
+    return f"{what}{'s' if many else ''} {shown}: remove {'them' if many else 'it'} first"
 
 
 def remove_image(home: Home, store: Store, checkpoints: Checkpointer, name: str) -> list[str]:
@@ -34,18 +36,14 @@ def remove_image(home: Home, store: Store, checkpoints: Checkpointer, name: str)
     with global_lock(home, "gc", _LOCK_TIMEOUT_S):
         sessions = [s.id for s in store.list_sessions() if s.image_hash in hashes]
         if sessions:
-            raise InUse(
-                f"image {name} is in use by {_listed('session', sessions)}: remove them first"
-            )
+            raise InUse(f"image {name} is in use by {_listed('session', sessions)}")
         saved = [
             c.id
             for c in store.list_checkpoints()
             if c.image_hash in hashes and c.kind != CheckpointKind.TEMPLATE
         ]
         if saved:
-            raise InUse(
-                f"image {name} is needed by {_listed('checkpoint', saved)}: remove them first"
-            )
+            raise InUse(f"image {name} is needed by {_listed('checkpoint', saved)}")
         for template in store.list_templates():
             if template.image_hash in hashes:
                 checkpoints.delete(template.checkpoint_id)
