@@ -334,6 +334,15 @@ def test_dockerfile_image_story(oci_home: dict[str, str], app_context: Path) -> 
     again, again_s = _build_app(env, context)
     assert again.returncode == 0 and "(cached)" in again.stderr, again.stderr
     assert again_s < 30, again_s  # podman's layer cache + forkpoint's content hash
+    # The same content through another kind of reference is the same image: a cache hit.
+    layout = context.parent / "layout"
+    subprocess.run(
+        ["skopeo", "copy", "-q", "containers-storage:localhost/forkpoint/ocitest:latest",
+         f"oci:{layout}:v1"],
+        check=True,
+    )  # fmt: skip
+    same = _cli(env, "image", "build", "ocitest", "--from-oci", str(layout))
+    assert same.returncode == 0 and "(cached)" in same.stderr, same.stderr
     listed = _json(_cli(env, "image", "ls", "--json"))
     assert isinstance(listed, list)
     (image,) = [i for i in listed if i["name"] == "ocitest" and i["current"]]
