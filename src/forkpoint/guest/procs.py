@@ -61,7 +61,8 @@ def _identity(
         return cwd or defaults.cwd or _default_cwd(), command_env(merged), {}
     home_env = {"HOME": acct.home, "USER": acct.name, "LOGNAME": acct.name}
     user_kw = {"user": acct.uid, "group": acct.gid, "extra_groups": list(acct.groups)}
-    return cwd or defaults.cwd or acct.home, command_env({**home_env, **merged}), user_kw
+    fallback = acct.home if os.path.isdir(acct.home) else "/"  # as docker run: "/" if none
+    return cwd or defaults.cwd or fallback, command_env({**home_env, **merged}), user_kw
 
 
 def _argv(argv: list[str] | None, shell: str | None) -> list[str]:
