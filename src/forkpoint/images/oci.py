@@ -196,15 +196,17 @@ def build_dockerfile(
 
 
 def _archive_kind(path: Path) -> str:
+    """``oci-archive`` or ``docker-archive``, from the members at the archive's top."""
     try:
         with tarfile.open(path) as tar:
-            names = {m.name.lstrip("./") for m in tar.getmembers()[:10000]}
+            for member in tar:  # headers only: the layers' bytes are skipped
+                name = member.name.removeprefix("./")
+                if name == "oci-layout":
+                    return "oci-archive"
+                if name == "manifest.json":
+                    return "docker-archive"
     except (tarfile.TarError, OSError) as exc:
         raise InvalidInput(f"{path} is neither an OCI layout nor an image archive: {exc}") from None
-    if "oci-layout" in names:
-        return "oci-archive"
-    if "manifest.json" in names:
-        return "docker-archive"
     raise InvalidInput(f"{path} is a tar archive but no image (no oci-layout, no manifest.json)")
 
 
