@@ -7,7 +7,7 @@ FP := $(VENV)/bin/forkpoint
 # so Python clients resolve E2B's <port>-<id>.localhost hosts to 127.0.0.1 and ::1.
 APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium passt \
 	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core \
-	libnss-myhostname nftables
+	libnss-myhostname nftables podman skopeo umoci
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 

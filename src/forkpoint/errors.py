@@ -5,6 +5,7 @@
     ForkpointError                  exit 5, HTTP 500 (base: something went wrong)
     ├── InvalidInput                exit 2, HTTP 400  fix the request and retry
     │   ├── UnknownPackage          an image recipe names a package Debian lacks
+    │   ├── UnusableImage           an OCI image lacks what a guest needs (a shell, a libc)
     │   ├── GuestRefused            HTTP 409: the guest said no (a directory where a file
     │   │                           was meant, permission denied, directory not empty, …)
     │   └── Unsatisfiable           HTTP 409: what exists cannot do it (disk below the image's)
@@ -60,6 +61,7 @@ __all__ = [
     "UnknownCheckpoint",
     "UnknownPackage",
     "Unsatisfiable",
+    "UnusableImage",
     "code_for_status",
 ]
 
@@ -134,6 +136,12 @@ class Unsatisfiable(InvalidInput):
 
     code = "unsatisfiable"
     http_status = 409
+
+
+class UnusableImage(InvalidInput):
+    """An OCI image forkpoint cannot boot as a guest (no shell, no libc); nothing cached."""
+
+    code = "unusable_image"
 
 
 class NotFound(ForkpointError):

@@ -473,6 +473,7 @@ class AgentClient:
         timeout: float | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run ``command`` (a shell string, or an argv list) to completion.
 
@@ -481,6 +482,7 @@ class AgentClient:
         ``exit_code`` (128+N and ``signal`` N when killed by a signal). Collected stdout
         and stderr are capped at 1 MiB each (``truncated``); callbacks see everything.
         Raises NotFound for a missing command or cwd, InvalidInput for bad arguments.
+        ``user``: run as that guest user (None: the image's ``USER``, else root).
         """
         is_shell = isinstance(command, str)
         args = _model(
@@ -492,6 +494,7 @@ class AgentClient:
             stdin=stdin,
             timeout=timeout,
             stream=on_stdout is not None or on_stderr is not None,
+            user=user,
         )
 
         async def on_event(kind: EventKind, data: bytes) -> None:
@@ -517,6 +520,7 @@ class AgentClient:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> SpawnResult:
         """Start ``command`` detached (own session; stdout+stderr to ``log_path``).
 
@@ -530,6 +534,7 @@ class AgentClient:
             shell=command if is_shell else None,
             cwd=cwd,
             env=dict(env or {}),
+            user=user,
         )
         return await self._simple(Op.SPAWN, args, SpawnResult)
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # forkpoint-init: PID 1 of the guest (no systemd). Mounts the basics, brings up eth0,
 # announces readiness on the console, runs the agent in a respawn loop, reaps zombies.
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# /opt/forkpoint/sbin: busybox's ip, mount, ... for OCI images without them (theirs win).
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/forkpoint/sbin
 export HOME=/root LANG=C.UTF-8
 
 is_mounted() {
@@ -40,13 +41,17 @@ while read -r dev mnt _rest; do
     [ "$mnt" = / ] && root=$dev
 done </proc/mounts
 echo "forkpoint: root $root"
-echo "forkpoint: python3 $(python3 -V 2>&1)"
+# OCI images bring the agent's own Python (images/agent_python.py); Debian images use theirs.
+python=python3
+[ -x /opt/forkpoint/bin/python3 ] && python=/opt/forkpoint/bin/python3
+echo "forkpoint: python3 $($python -V 2>&1)"
+mkdir -p /var/log
 echo "FORKPOINT-READY"
 
 if [ -f /opt/forkpoint/forkpoint/guest/agent.py ]; then
     (
         while true; do
-            PYTHONPATH=/opt/forkpoint python3 -m forkpoint.guest.agent \
+            PYTHONPATH=/opt/forkpoint $python -m forkpoint.guest.agent \
                 >>/var/log/forkpoint-agent.log 2>&1 </dev/null
             sleep 0.2
         done

@@ -37,6 +37,7 @@ from ..protocol import (
     TrackedProcessInfo,
 )
 from .context import ConnectionGone, Context, GuestError
+from .image_config import image_defaults
 from .procs import DEFAULT_PATH, start_error
 from .streams import Stream, StreamRegistry
 from .users import Account, account
@@ -109,7 +110,8 @@ class ProcessTable:
         """Start the process; stream start, output, end. Raises GuestError (not_found
         for a missing command, cwd or user)."""
         acct = account(args.user) if args.user is not None else None
-        cwd = args.cwd or (acct.home if acct is not None else _root_cwd())
+        defaults = image_defaults()  # an OCI image's WORKDIR and ENV (not its USER: E2B names one)
+        cwd = args.cwd or defaults.cwd or (acct.home if acct is not None else _root_cwd())
         user_kw: dict[str, Any] = {}
         if acct is not None:
             user_kw = {"user": acct.uid, "group": acct.gid, "extra_groups": list(acct.groups)}
@@ -117,7 +119,7 @@ class ProcessTable:
             popen = subprocess.Popen(
                 args.argv,
                 cwd=cwd,
-                env=process_env(acct, args.env),
+                env=process_env(acct, {**defaults.env, **args.env}),
                 stdin=subprocess.PIPE if args.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

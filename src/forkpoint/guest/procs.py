@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Final
+from typing import IO, Any, Final
 
 from ..protocol import (
     Empty,
@@ -23,6 +23,8 @@ from ..protocol import (
     SpawnResult,
 )
 from .context import Context, GuestError
+from .image_config import image_defaults, resolve_user
+from .users import Account
 
 __all__ = ["DEFAULT_PATH", "ProcessOps", "command_env", "start_error"]
 
@@ -44,6 +46,23 @@ def command_env(extra: dict[str, str]) -> dict[str, str]:
     }
     env.update(extra)
     return env
+
+
+def _identity(
+    user: str | None, cwd: str | None, env: dict[str, str]
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """cwd, environment and Popen user arguments of a command: what it asks for, else the
+    image's ``WORKDIR``/``ENV``/``USER`` (OCI images), else root in ``/root``."""
+    defaults = image_defaults()
+    spec = user if user is not None else defaults.user
+    acct: Account | None = resolve_user(spec) if spec is not None else None
+    merged = {**defaults.env, **env}
+    if acct is None:
+        return cwd or defaults.cwd or _default_cwd(), command_env(merged), {}
+    home_env = {"HOME": acct.home, "USER": acct.name, "LOGNAME": acct.name}
+    user_kw = {"user": acct.uid, "group": acct.gid, "extra_groups": list(acct.groups)}
+    fallback = acct.home if os.path.isdir(acct.home) else "/"  # as docker run: "/" if none
+    return cwd or defaults.cwd or fallback, command_env({**home_env, **merged}), user_kw
 
 
 def _argv(argv: list[str] | None, shell: str | None) -> list[str]:
@@ -99,17 +118,18 @@ class ProcessOps:
     def exec(self, ctx: Context, args: ExecArgs) -> ExecResult:
         """Run to completion. Raises GuestError (not_found, timeout, ...)."""
         argv = _argv(args.argv, args.shell)
-        cwd = args.cwd or _default_cwd()
+        cwd, env, user_kw = _identity(args.user, args.cwd, args.env)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
-                env=command_env(args.env),
+                env=env,
                 stdin=subprocess.PIPE if args.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: a timeout kills all of it
+                **user_kw,
             )
         except OSError as e:
             raise start_error(e, argv, cwd) from None
@@ -237,7 +257,7 @@ class ProcessOps:
         restarts and checkpoint/fork/rollback. Raises GuestError if it cannot start.
         """
         argv = _argv(args.argv, args.shell)
-        cwd = args.cwd or _default_cwd()
+        cwd, env, user_kw = _identity(args.user, args.cwd, args.env)
         os.makedirs(self.log_dir, exist_ok=True)
         tmp_log = os.path.join(self.log_dir, f".spawn-{os.getpid()}-{threading.get_ident()}.log")
         with open(tmp_log, "ab") as log:
@@ -245,11 +265,12 @@ class ProcessOps:
                 proc = subprocess.Popen(
                     argv,
                     cwd=cwd,
-                    env=command_env(args.env),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    **user_kw,
                 )
             except OSError as e:
                 os.unlink(tmp_log)

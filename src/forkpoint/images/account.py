@@ -39,7 +39,10 @@ def add_guest_user(tree: Path) -> list[str]:
     """
     etc = tree / "etc"
     name, uid, gid = GUEST_USER, GUEST_UID, GUEST_GID
-    _append_line(etc / "passwd", f"{name}:x:{uid}:{gid}::{GUEST_HOME}:/bin/bash", 0o644)
+    # Container images may lack bash (Alpine, busybox): their /bin/sh is the shell then.
+    bash = tree / "bin" / "bash"
+    shell = "/bin/bash" if bash.exists() or bash.is_symlink() else "/bin/sh"
+    _append_line(etc / "passwd", f"{name}:x:{uid}:{gid}::{GUEST_HOME}:{shell}", 0o644)
     _append_line(etc / "group", f"{name}:x:{gid}:", 0o644)
     _append_line(etc / "shadow", f"{name}:!:19000:0:99999:7:::", 0o640)
     _append_line(etc / "gshadow", f"{name}:!::", 0o640)

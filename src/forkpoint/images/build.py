@@ -1,10 +1,10 @@
 """Build an image from a :class:`Recipe`, atomically and at most once per recipe hash.
 
-Steps: validate packages (fast, before anything slow) → kernel (.deb cached) →
-initramfs → rootfs (mmdebstrap, ≈ 40 s) → ``image.json`` → rename the build dir into
-place → point the name at it. Everything happens in ``images/.tmp-<hash>-<pid>/``,
-removed on any failure, Ctrl-C or SIGTERM; a SIGKILL'd build's dir is ignored by
-lookups and deleted by the next build.
+Steps: validate packages (fast, before anything slow) → rootfs (mmdebstrap, ≈ 40 s;
+or an OCI image's, ``images/oci.py``) → kernel (.deb cached) → initramfs →
+``image.json`` → rename the build dir into place → point the name at it. Everything
+happens in ``images/.tmp-<hash>-<pid>/``, removed on any failure, Ctrl-C or SIGTERM; a
+SIGKILL'd build's dir is ignored by lookups and deleted by the next build.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from forkpoint.config import home
-from forkpoint.errors import ImageBuildError
+from forkpoint.errors import ImageBuildError, InvalidInput
 from forkpoint.images import kernel as kernel_mod
 from forkpoint.images.catalog import (
     INITRD_FILE,
@@ -35,14 +35,16 @@ from forkpoint.images.catalog import (
     set_name,
 )
 from forkpoint.images.initramfs import build_initramfs
+from forkpoint.images.oci import OciSource, build_oci_rootfs
 from forkpoint.images.recipe import Recipe
 from forkpoint.images.rootfs import build_rootfs, validate_packages
 from forkpoint.images.tmpdirs import build_dir, remove_stale, remove_tree
 
-__all__ = ["Progress", "build_image"]
+__all__ = ["Progress", "build_image", "build_oci_image"]
 
-#: ``progress(stage, detail)``: stage is one of ``cached``, ``check``, ``kernel``,
-#: ``initramfs``, ``rootfs``, ``finish``, ``done``; detail is a human-readable line.
+#: ``progress(stage, detail)``: stage is one of ``source`` (OCI images: the Dockerfile
+#: build), ``cached``, ``check``, ``kernel``, ``initramfs``, ``rootfs``, ``finish``,
+#: ``done``; detail is a human-readable line.
 Progress = Callable[[str, str], None]
 
 
@@ -88,8 +90,15 @@ def _cached(images: Path, recipe: Recipe) -> Image | None:
     return image
 
 
-def build_image(recipe: Recipe | None = None, progress: Progress | None = None) -> Image:
+def build_image(
+    recipe: Recipe | None = None,
+    progress: Progress | None = None,
+    source: OciSource | None = None,
+) -> Image:
     """The image for ``recipe`` (default recipe if None), building it unless cached.
+
+    A recipe with a ``base`` is an OCI image's: ``source`` is that image (its digest is
+    the base's), whose root filesystem replaces mmdebstrap's.
 
     ``progress(stage, detail)`` is called as the build goes. Raises
     :class:`~forkpoint.errors.UnknownPackage` (before any slow step) for a package
@@ -98,6 +107,8 @@ def build_image(recipe: Recipe | None = None, progress: Progress | None = None) 
     """
     recipe = recipe or Recipe()
     report = progress or _quiet
+    if recipe.base is not None and (source is None or source.base != recipe.base):
+        raise ImageBuildError(f"recipe {recipe.name}: its OCI source is missing or differs")
     images = home().images
     image = _cached(images, recipe)
     if image is not None:
@@ -109,10 +120,12 @@ def build_image(recipe: Recipe | None = None, progress: Progress | None = None) 
         validate_packages(recipe)
         home().ensure()
         with _build_lock(images, recipe.hash()):
-            return _locked_build(recipe, images, report)
+            return _locked_build(recipe, images, report, source)
 
 
-def _locked_build(recipe: Recipe, images: Path, report: Progress) -> Image:
+def _locked_build(
+    recipe: Recipe, images: Path, report: Progress, source: OciSource | None
+) -> Image:
     image = _cached(images, recipe)  # another process may have just built it
     if image is not None:
         report("cached", f"{image.name} {image.hash} (cached)")
@@ -123,14 +136,28 @@ def _locked_build(recipe: Recipe, images: Path, report: Progress) -> Image:
     remove_tree(work)
     work.mkdir(parents=True)
     try:
-        return _build_in(recipe, images, work, report)
+        return _build_in(recipe, images, work, report, source)
     finally:
         remove_tree(work)
 
 
-def _build_in(recipe: Recipe, images: Path, work: Path, report: Progress) -> Image:
+def _build_in(
+    recipe: Recipe, images: Path, work: Path, report: Progress, source: OciSource | None
+) -> Image:
     started = time.monotonic()
     cache = home().cache
+
+    def log(line: str) -> None:
+        report("rootfs", line)
+
+    # The root filesystem first: an unusable OCI image fails before any kernel work.
+    extra: dict[str, object] = {}
+    if source is None:
+        build_rootfs(recipe, work, work / ROOTFS_FILE, cache, log=log)
+    else:
+        extra = build_oci_rootfs(
+            source, work, work / ROOTFS_FILE, recipe.disk_size, start=recipe.start, log=log
+        )
 
     report("kernel", f"resolving {recipe.kernel_package}")
     package = kernel_mod.resolve_kernel_package(recipe.kernel_package)
@@ -143,8 +170,6 @@ def _build_in(recipe: Recipe, images: Path, work: Path, report: Progress) -> Ima
     report("initramfs", f"packing busybox and virtio modules for {extracted.version}")
     packed = build_initramfs(extracted, work / INITRD_FILE)
     remove_tree(work / "kernel-pkg")
-
-    build_rootfs(recipe, work, work / ROOTFS_FILE, cache, log=lambda line: report("rootfs", line))
 
     report("finish", "writing image.json")
     files = {name: (work / name).stat().st_size for name in (KERNEL_FILE, INITRD_FILE, ROOTFS_FILE)}
@@ -160,6 +185,7 @@ def _build_in(recipe: Recipe, images: Path, work: Path, report: Progress) -> Ima
         "files": files,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "build_seconds": round(time.monotonic() - started, 1),
+        **extra,
     }
     (work / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     for name in (*files, MANIFEST_FILE):
@@ -183,3 +209,39 @@ def _build_in(recipe: Recipe, images: Path, work: Path, report: Progress) -> Ima
         raise ImageBuildError(f"finished image in {final} does not load")
     report("done", f"{image.name} {image.hash} built in {manifest['build_seconds']} s")
     return image
+
+
+def build_oci_image(
+    name: str,
+    *,
+    dockerfile: Path | None = None,
+    context: Path | None = None,
+    build_args: dict[str, str] | None = None,
+    ref: str | None = None,
+    start: bool = True,
+    progress: Progress | None = None,
+) -> Image:
+    """An image from a Dockerfile (built with podman) or an existing OCI image ``ref``
+    (see :func:`forkpoint.images.oci.resolve_ref`); cached by the image's content.
+
+    ``start``: run its ``ENTRYPOINT``/``CMD`` in the background when the template boots.
+    :raises InvalidInput: neither or both sources, a bad path or build argument.
+    :raises UnusableImage: the image lacks a shell or a libc (nothing cached).
+    :raises ImageBuildError: podman, skopeo or umoci failed.
+    """
+    from forkpoint.images.oci import build_dockerfile, resolve_ref
+
+    report = progress or _quiet
+    if (dockerfile is None) == (ref is None):
+        raise InvalidInput("give exactly one of a Dockerfile and an OCI image reference")
+    if dockerfile is not None:
+        report("source", f"podman build {dockerfile}")
+        source = build_dockerfile(
+            name, dockerfile, context, build_args, log=lambda line: report("source", line)
+        )
+    else:
+        assert ref is not None
+        report("source", f"resolving {ref}")
+        source = resolve_ref(ref)
+    recipe = Recipe.for_oci(name, source.base, start=start)
+    return build_image(recipe, progress, source)

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from forkpoint.config import home
 from forkpoint.errors import NotFound
-from forkpoint.images.recipe import Recipe
+from forkpoint.images.recipe import DEFAULT_PACKAGES, Recipe
 
 __all__ = [
     "INITRD_FILE",
@@ -34,8 +35,10 @@ __all__ = [
     "Image",
     "current_hashes",
     "get_image",
+    "images_named",
     "list_images",
     "load_image",
+    "remove_images",
     "set_name",
 ]
 
@@ -60,6 +63,11 @@ class Image:
     recipe: Recipe
     size_bytes: int
     created_at: datetime
+    #: Where the root filesystem came from: ``{"kind", "ref"}`` (+ ``"digest"`` for OCI
+    #: images); ``kind`` is ``debian`` for mmdebstrap's.
+    source: dict[str, str] = field(default_factory=dict)
+    #: An OCI image's defaults of commands (``env``, ``cwd``, ``user``) and ``start``.
+    config: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the ``--json`` contract of ``image build``/``image ls``)."""
@@ -76,6 +84,8 @@ class Image:
             "size_bytes": self.size_bytes,
             "created_at": self.created_at.isoformat(),
             "recipe": self.recipe.to_dict(),
+            "source": self.source,
+            "config": self.config,
         }
 
 
@@ -97,6 +107,8 @@ def load_image(directory: Path) -> Image | None:
             recipe=recipe,
             size_bytes=sum(int(v) for v in manifest["files"].values()),
             created_at=datetime.fromisoformat(manifest["created_at"]),
+            source=_source(manifest, recipe),
+            config=manifest.get("config"),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -105,6 +117,14 @@ def load_image(directory: Path) -> Image | None:
     if not all(p.is_file() for p in (image.kernel, image.initrd, image.rootfs)):
         return None
     return image
+
+
+def _source(manifest: dict[str, Any], recipe: Recipe) -> dict[str, str]:
+    source = manifest.get("source")
+    if isinstance(source, dict):
+        return {str(k): str(v) for k, v in source.items()}
+    extra = [p for p in recipe.packages if p not in DEFAULT_PACKAGES]
+    return {"kind": "debian", "ref": " ".join([recipe.suite, *(f"+{p}" for p in extra)])}
 
 
 def _images_dir(images: Path | None) -> Path:
@@ -175,3 +195,28 @@ def get_image(name_or_hash: str = "default", images: Path | None = None) -> Imag
             return prefixed[0]
     hint = "forkpoint image build" + ("" if name_or_hash == "default" else f" {name_or_hash}")
     raise NotFound(f"no image {name_or_hash!r}: run `{hint}` first")
+
+
+def images_named(name: str, images: Path | None = None) -> list[Image]:
+    """Every build of ``name`` (not only its latest). :raises NotFound: there is none."""
+    root = _images_dir(images)
+    found = [i for i in list_images(root) if i.name == name]
+    if not found:
+        raise NotFound(f"no image {name!r} (see `forkpoint image ls`)")
+    return found
+
+
+def remove_images(name: str, builds: list[Image], images: Path | None = None) -> None:
+    """Delete ``builds`` (each renamed aside first, so a half-deleted image is never
+    listed) and ``name`` once it points at none of what is left."""
+    root = _images_dir(images)
+    for image in builds:
+        aside = root / f".rm-{image.hash}-{os.getpid()}"
+        try:
+            os.rename(image.dir, aside)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+    current = _named_hash(root, name)
+    if current is None or load_image(root / current) is None:
+        (root / _NAMES_DIR / name).unlink(missing_ok=True)

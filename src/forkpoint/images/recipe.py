@@ -135,6 +135,13 @@ class Recipe:
     disk_size: int = DEFAULT_DISK_SIZE
     guest_digest: str = field(default_factory=guest_files_digest)
     format_version: int = FORMAT_VERSION
+    #: An OCI image's root filesystem instead of mmdebstrap's: ``oci-<n>:<config digest>``
+    #: (``images/oci.py``); ``packages`` is then empty. None for Debian images.
+    base: str | None = None
+    #: Start the OCI image's ``ENTRYPOINT``/``CMD`` when its template boots.
+    start: bool = False
+    #: The Python the agent brings along into an OCI image (``images/agent_python.py``).
+    agent_python: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in {"names"}:
@@ -160,6 +167,13 @@ class Recipe:
         merged = DEFAULT_PACKAGES + tuple(p for p in extra if p not in DEFAULT_PACKAGES)
         return cls(name=name, suite=suite or host_suite(), packages=merged)
 
+    @classmethod
+    def for_oci(cls, name: str, base: str, *, start: bool = True) -> Recipe:
+        """An OCI image's recipe: ``base`` is ``OciSource.base`` (its content digest)."""
+        from forkpoint.images.agent_python import identity
+
+        return cls(name=name, packages=(), base=base, start=start, agent_python=identity())
+
     def with_packages(self, packages: str | Iterable[str]) -> Recipe:
         """A copy with ``packages`` added (order kept, duplicates dropped)."""
         extra = parse_packages(packages)
@@ -170,6 +184,9 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["packages"] = list(self.packages)
+        if self.base is None:  # Debian images: the same JSON, so the same hash, as before
+            for key in ("base", "start", "agent_python"):
+                del data[key]
         return data
 
     @classmethod
@@ -182,6 +199,9 @@ class Recipe:
             disk_size=int(data["disk_size"]),
             guest_digest=str(data["guest_digest"]),
             format_version=int(data["format_version"]),
+            base=None if data.get("base") is None else str(data["base"]),
+            start=bool(data.get("start", False)),
+            agent_python=None if data.get("agent_python") is None else str(data["agent_python"]),
         )
 
     def hash(self) -> str:

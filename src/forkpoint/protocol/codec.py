@@ -32,7 +32,13 @@ def to_wire(model: object) -> dict[str, Any]:
     """A model dataclass instance as a JSON-ready dict (bytes become base64 strings)."""
     if not dataclasses.is_dataclass(model) or isinstance(model, type):
         raise TypeError(f"not a model instance: {model!r}")
-    return {f.name: _encode(getattr(model, f.name)) for f in dataclasses.fields(model)}
+    # An optional field left at None is left out: a newer host's new optional fields then
+    # reach an older agent (whose strict decoder refuses unknown names) only when used.
+    return {
+        f.name: _encode(value)
+        for f in dataclasses.fields(model)
+        if (value := getattr(model, f.name)) is not None or f.default is not None
+    }
 
 
 def _encode(value: Any) -> Any:

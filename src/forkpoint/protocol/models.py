@@ -195,12 +195,14 @@ class ExecArgs:
     timeout: float | None = None
     stream: bool = False  # send stdout/stderr events while running
     max_output: int = EXEC_MAX_OUTPUT_BYTES
+    user: str | None = None  # None: the image's USER (OCI images), else root
 
     def __post_init__(self) -> None:
         _check_command(self.argv, self.shell)
         if self.cwd is not None:
             _check_path(self.cwd, "cwd")
         _check_env(self.env)
+        _check_user(self.user)
         if self.timeout is not None and not 0 < self.timeout <= 7 * 86400:
             raise ValueError("timeout must be > 0 and at most 7 days (seconds)")
         if not 0 <= self.max_output <= EXEC_MAX_OUTPUT_BYTES:
@@ -244,12 +246,14 @@ class SpawnArgs:
     shell: str | None = None
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None  # None: the image's USER (OCI images), else root
 
     def __post_init__(self) -> None:
         _check_command(self.argv, self.shell)
         if self.cwd is not None:
             _check_path(self.cwd, "cwd")
         _check_env(self.env)
+        _check_user(self.user)
 
 
 @dataclass(frozen=True, slots=True)

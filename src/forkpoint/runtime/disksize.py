@@ -45,7 +45,9 @@ async def grow_filesystem(runtime: Runtime, session_id: str) -> None:
 
     :raises InternalError: ``resize2fs`` failed (its last line says why).
     """
-    result = await runtime.exec(session_id, ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S)
+    result = await runtime.exec(
+        session_id, ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S, user="root"
+    )
     if result.exit_code != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         reason = lines[-1] if lines else f"exit code {result.exit_code}"

@@ -552,6 +552,21 @@ class Runtime(Queries):
             import_checkpoint, self._portable(), self.checkpoint_of, path, progress or _quiet
         )
 
+    # -- images ------------------------------------------------------------------------
+
+    async def remove_image(self, name: str) -> list[str]:
+        """Delete every build of image ``name`` and its templates; returns their hashes.
+
+        :raises NotFound: no such image. :raises InUse: a session or checkpoint needs it.
+        """
+        from .image_removal import remove_image
+
+        removed = await asyncio.to_thread(
+            remove_image, self.home, self.store, self._checkpoints, name
+        )
+        await asyncio.to_thread(self.gc)
+        return removed
+
     # -- fork & rollback ---------------------------------------------------------------
 
     async def fork(self, checkpoint: str, count: int = 1) -> list[Session | ForkpointError]:
@@ -819,19 +834,21 @@ class Runtime(Queries):
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         output_encoding: OutputEncoding = "text",
+        user: str | None = None,
     ) -> CommandResult:
         """Run a command in the guest to completion (exit code passed through, not raised).
 
         Output streams to ``on_stdout``/``on_stderr`` as it comes (they run on the shared
         connection's reader: keep them quick), and is returned as ``output_encoding``
-        (UTF-8 text, or base64 for the exact bytes).
+        (UTF-8 text, or base64 for the exact bytes). ``user``: the guest user to run as
+        (None: the image's ``USER``, else root).
         :raises CommandTimeout: past ``timeout`` seconds (the command is killed).
         """
         await self._step(session, command)
         async with self.agent(session) as agent:
             r = await agent.exec(
                 command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-                on_stdout=on_stdout, on_stderr=on_stderr,
+                on_stdout=on_stdout, on_stderr=on_stderr, user=user,
             )  # fmt: skip
         return CommandResult.of(
             exit_code=r.exit_code, signal=r.signal, stdout=r.stdout, stderr=r.stderr,

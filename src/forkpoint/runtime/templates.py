@@ -25,6 +25,10 @@ __all__ = ["Templates"]
 
 _BOOT_TIMEOUT_S = 180.0
 _LOCK_TIMEOUT_S = 300.0
+#: How long a started image command may take to open a listening socket before the
+#: template is checkpointed anyway (a server's first request then waits for the rest).
+_LISTEN_WAIT_S = 30.0
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 
 
 class Templates:
@@ -76,6 +80,7 @@ class Templates:
                 files.agent_socket, timeout=_BOOT_TIMEOUT_S
             ) as agent:
                 await agent.hello()
+                await _start_image_command(agent, image)
             origin = CheckpointOrigin(
                 session_id=f"template-{image.hash}", name=None, kind=CheckpointKind.TEMPLATE,
                 image=image, shape=shape, parent=None, guest_ports=(),
@@ -92,3 +97,42 @@ class Templates:
             await machine.kill()
             await asyncio.to_thread(shutil.rmtree, files.dir, ignore_errors=True)
             await asyncio.to_thread(remove_cgroup, directory.name)
+
+
+# Only the shell's builtins: an image may have no ``cat``.
+_READ_LISTENERS = (
+    'for f in /proc/net/tcp /proc/net/tcp6 "/proc/$0/stat"; do [ -r "$f" ] && '
+    'while read -r l || [ -n "$l" ]; do echo "$l"; done <"$f"; done; true'
+)
+
+
+async def _listeners(agent: AgentClient, pid: int) -> tuple[int, bool] | None:
+    """Listening TCP sockets in the guest, and whether ``pid`` still runs (None: could
+    not tell)."""
+    try:
+        argv = ["/bin/sh", "-c", _READ_LISTENERS, str(pid)]
+        result = await agent.exec(argv, user="root", timeout=10)
+    except ForkpointError:
+        return None
+    rows = [line.split() for line in result.stdout.decode(errors="replace").splitlines()]
+    count = sum(1 for r in rows if len(r) > 3 and r[0].endswith(":") and r[3] == _LISTEN)
+    alive = any(r and r[0] == str(pid) for r in rows)
+    return count, alive
+
+
+async def _start_image_command(agent: AgentClient, image: Image) -> None:
+    """Start an OCI image's ``ENTRYPOINT``/``CMD`` (as its ``USER``, in its ``WORKDIR``) in
+    the background, so every session of the template has it running; wait (bounded) until
+    it listens on a new TCP port, so a fresh session's server answers at once."""
+    argv = [str(a) for a in (image.config or {}).get("start") or []]
+    if not argv:
+        return
+    before = await _listeners(agent, 0)
+    started = await agent.spawn(argv)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _LISTEN_WAIT_S
+    while before is not None and loop.time() < deadline:
+        now = await _listeners(agent, started.pid)
+        if now is None or now[0] > before[0] or not now[1]:
+            return
+        await asyncio.sleep(0.2)
