@@ -43,6 +43,7 @@ __all__ = [
     "CommandTimeout",
     "CommandNotFound",
     "Conflict",
+    "DamagedCheckpoint",
     "ForkpointError",
     "GuestRefused",
     "ImageBuildError",
@@ -180,6 +181,12 @@ class LimitExceeded(Busy):
 
 class IncompatibleCheckpoint(Conflict):
     code = "incompatible_checkpoint"
+
+
+class DamagedCheckpoint(IncompatibleCheckpoint):
+    """A checkpoint's files are not what was written (truncated, changed, missing)."""
+
+    code = "damaged_checkpoint"
 
 
 class CommandTimeout(ForkpointError):

@@ -85,6 +85,9 @@ class Manifest:
     ports: tuple[int, ...]
     stats: CheckpointStats
     duration_ms: float
+    #: ``{"state"|"ram": {"size", "sha256"[, "ctime_ns"]}}`` (see ``integrity``); None for
+    #: a checkpoint written before checkpoints recorded their files.
+    files: dict[str, dict[str, Any]] | None = None
 
     # -- files -------------------------------------------------------------------------
 
@@ -118,7 +121,7 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON layout of format :data:`FORMAT` (flat, as forkpoint always wrote it)."""
         s = self.stats
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT, "id": self.id, "session_id": self.session_id, "name": self.name,
             "kind": str(self.kind),
             "machine": {**self.shape.to_dict(), "argv_layout": self.argv_layout},
@@ -130,6 +133,9 @@ class Manifest:
             "base_copy_ms": s.base_copy_ms, "device_state_ms": s.device_state_ms,
             "written_ms": s.written_ms, "duration_ms": self.duration_ms,
         }  # fmt: skip
+        if self.files is not None:
+            out["files"] = self.files
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, checkpoint_id: str = "") -> Manifest:
@@ -174,6 +180,7 @@ class Manifest:
                     state_bytes=int(data.get("state_bytes", 0)),
                 ),
                 duration_ms=float(data.get("duration_ms", 0.0)),
+                files=dict(data["files"]) if isinstance(data.get("files"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise IncompatibleCheckpoint(

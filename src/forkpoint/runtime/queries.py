@@ -31,14 +31,17 @@ class Queries:
         return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
 
     def _refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
-        """Notice a QEMU that died behind our back: the session becomes ``crashed``.
+        """Notice a QEMU that died behind our back: the session becomes ``crashed``; so
+        does a ``creating`` one whose creator was killed (its lock is free).
 
         Only with the session's lock (``locked``: the caller holds it; else it is tried
         without waiting): a rollback or restore holding it has killed the old QEMU and
         is starting the new one, which a query must neither call a crash nor kill.
         """
         files = self.files(record.id)
-        if record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
+        if record.state == SessionState.CREATING:
+            pass  # its creator holds the lock while it lives: without it, it died
+        elif record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
             return record
         if not locked:
             try:

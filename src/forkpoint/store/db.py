@@ -611,6 +611,11 @@ class Store:
             ).fetchall()
             return [row[0] for row in rows]
 
+    def layer_names(self) -> set[str]:
+        """The name of every recorded layer."""
+        with self._read() as conn:
+            return {row[0] for row in conn.execute("SELECT name FROM layers")}
+
     def delete_layer(self, name: str) -> None:
         """Forget a layer. Delete its file only after this succeeded.
 
