@@ -25,7 +25,7 @@ from pathlib import Path
 from forkpoint.config import Home
 from forkpoint.store import Store
 
-__all__ = ["GRACE_ENV", "orphan_files", "sweep_orphans"]
+__all__ = ["GRACE_ENV", "open_paths", "orphan_files", "sweep_orphans"]
 
 GRACE_ENV = "FORKPOINT_ORPHAN_GRACE_S"
 _DEFAULT_GRACE_S = 600.0
@@ -70,7 +70,7 @@ def sweep_orphans(home: Home, store: Store) -> list[str]:
     candidates = [p for p in candidates if _mtime(p) <= oldest]
     if not candidates:
         return []
-    busy = _open_paths()
+    busy = open_paths()
     removed: list[str] = []
     for path in candidates:
         if any(str(f) == str(path) or str(f).startswith(f"{path}/") for f in busy):
@@ -97,7 +97,7 @@ def _mtime(path: Path) -> float:
         return time.time()
 
 
-def _open_paths() -> set[str]:
+def open_paths() -> set[str]:
     """Every file some process has open (only read when there are candidates)."""
     paths: set[str] = set()
     for proc in Path("/proc").iterdir():

@@ -1,0 +1,473 @@
+"""The fault campaign: crash forkpoint at every named crash point of every operation,
+kill or freeze QEMU and passt mid-operation, race two forkpoint processes on one
+session, damage checkpoint files, kill every VM at once (a host restart) — and check the
+home's invariants (``forkpoint.runtime.invariants``) after every fault.
+
+``make faults`` runs it in full (``--rounds`` walks, then random points up to
+``--crashes``); ``tests/test_faults.py`` runs the reduced campaign in ``make test``.
+Run with ``$FORKPOINT_HOME`` set to a scratch home: it makes and removes sessions there.
+Report: ``<out>/faults.json`` and ``<out>/faults.md`` (the tables of docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forkpoint.config import home
+from forkpoint.faults import CRASH_AT_ENV, CRASH_TRACE_ENV
+from forkpoint.runtime.invariants import Ledger, check_home, home_processes
+from forkpoint.runtime.orphans import GRACE_ENV
+from forkpoint.store import Store
+
+FORKPOINT = str(Path(sys.executable).parent / "forkpoint")
+# The campaign runs one operation at a time: an orphan is one as soon as it exists.
+os.environ[GRACE_ENV] = "0"  # for the GC this process runs, and every forkpoint it starts
+BASE_ENV = dict(os.environ)
+MARKER = "/root/fault-marker"
+
+
+@dataclass
+class Row:
+    injected: int = 0
+    recovered: int = 0
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def fp(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [FORKPOINT, *args], env={**BASE_ENV, **(env or {})}, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def fpj(*args: str) -> Any:
+    done = fp(*args, "--json")
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"forkpoint {' '.join(args)}: rc {done.returncode}: {done.stderr.strip()}"
+        )
+    return json.loads(done.stdout)
+
+
+class Campaign:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.home = home()
+        self.ledger = Ledger()
+        self.rows: dict[tuple[str, str], Row] = {}
+        self.others: dict[str, Row] = {}
+        self.session = ""
+        self.first = ""
+        self.counter = 0
+
+    # -- the world the faults hit ------------------------------------------------------
+
+    def setup(self) -> None:
+        s = fpj("create")
+        self.session = s["id"]
+        self.ledger.sessions.add(self.session)
+        self.ledger.seen.add(self.session)
+        self.first = self.checkpoint_with_marker()
+
+    def marker(self) -> str:
+        self.counter += 1
+        value = f"m{self.counter}-{self.rng.randrange(1 << 30)}"
+        done = fp("exec", self.session, "--", "sh", "-c", f"echo {value} > {MARKER}; sync")
+        if done.returncode != 0:
+            raise RuntimeError(f"marker: {done.stderr.strip()}")
+        return value
+
+    def checkpoint_with_marker(self) -> str:
+        value = self.marker()
+        c = fpj("checkpoint", self.session)
+        self.ledger.checkpoints[c["id"]] = value
+        return str(c["id"])
+
+    def marker_of(self, session: str) -> str | None:
+        done = fp("exec", session, "--", "cat", MARKER)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    # -- the operations ------------------------------------------------------------------
+
+    def prepare(
+        self, op: str
+    ) -> tuple[list[str], Callable[[subprocess.CompletedProcess[str]], None]]:
+        """The command line of one run of ``op``, and what its success means."""
+        nothing: Callable[[subprocess.CompletedProcess[str]], None] = lambda done: None
+        if op == "create":
+            return ["create"], nothing
+        if op == "fork":
+            return ["fork", self.first], nothing
+        if op == "rollback":
+            return ["rollback", self.session, self.first], nothing
+        if op == "checkpoint":
+            value = self.marker()
+
+            def recorded(done: subprocess.CompletedProcess[str]) -> None:
+                self.ledger.checkpoints[json.loads(done.stdout)["id"]] = value
+
+            self.pending_marker = value
+            return ["checkpoint", self.session, "--json"], recorded
+        if op == "rm":
+            victim = fpj("fork", self.first)[0]["id"]
+            self.ledger.seen.add(victim)
+            return ["rm", victim], nothing
+        if op == "checkpoint-rm":
+            extra = fpj("checkpoint", self.session)["id"]
+            return ["checkpoint", "rm", extra], nothing
+        raise ValueError(op)
+
+    def adopt_unreported_checkpoints(self) -> None:
+        """A checkpoint recorded by a process killed before it reported must still be
+        whole and show the marker its session held."""
+        store = Store.open(self.home)
+        try:
+            for c in store.list_checkpoints(session_id=self.session):
+                if c.id not in self.ledger.checkpoints and c.kind == "user":
+                    marker = getattr(self, "pending_marker", None)
+                    if marker is not None:
+                        self.ledger.checkpoints[c.id] = marker
+        finally:
+            store.close()
+
+    # -- after a fault ---------------------------------------------------------------------
+
+    def recover(self) -> bool:
+        """The next operations a user would run: every session the ledger does not know
+        is removed, the campaign's session rolled back if it crashed, then used."""
+        ok = True
+        for s in fpj("ls"):
+            self.ledger.seen.add(s["id"])
+            if s["id"] != self.session:
+                ok &= fp("rm", s["id"]).returncode == 0
+            elif s["state"] != "running":
+                ok &= fp("rollback", self.session).returncode == 0
+        ok &= fp("exec", self.session, "--", "true").returncode == 0
+        self.adopt_unreported_checkpoints()
+        # Every completed operation collects; one more pass for the case none ran.
+        ok &= fp("checkpoint", "rm", "c-0000000000").returncode == 3
+        from forkpoint.runtime import Runtime
+
+        rt = Runtime.open(self.home)
+        try:
+            rt.gc()
+        finally:
+            rt.close()
+        return ok
+
+    def check(self) -> list[str]:
+        store = Store.open(self.home)
+        try:
+            return check_home(self.home, store, self.ledger)
+        finally:
+            store.close()
+
+    def check_restores(self) -> list[str]:
+        problems = []
+        for checkpoint, marker in sorted(self.ledger.checkpoints.items()):
+            done = fp("fork", checkpoint, "--json")
+            if done.returncode != 0:
+                problems.append(f"checkpoint {checkpoint} does not restore: {done.stderr.strip()}")
+                continue
+            fork = json.loads(done.stdout)[0]["id"]
+            shown = self.marker_of(fork)
+            fp("rm", fork)
+            if shown != marker:
+                problems.append(f"checkpoint {checkpoint} shows {shown!r}, not {marker!r}")
+        return problems
+
+    def settle(self, row: Row, started: float) -> None:
+        if self.recover():
+            row.recovered += 1
+        else:
+            row.violations.append("recovery failed")
+        found = self.check()
+        for problem in found:
+            print(f"    VIOLATION {problem}", flush=True)
+        row.violations += found
+        row.seconds += time.perf_counter() - started
+
+    # -- crash points --------------------------------------------------------------------
+
+    def trace(self, op: str) -> list[str]:
+        with tempfile.NamedTemporaryFile("r", suffix=".trace") as trace:
+            args, on_success = self.prepare(op)
+            done = fp(*args, env={CRASH_TRACE_ENV: trace.name})
+            if done.returncode != 0:
+                raise RuntimeError(f"{op}: rc {done.returncode}: {done.stderr.strip()}")
+            on_success(done)
+            points = [line for line in Path(trace.name).read_text().splitlines() if line]
+        self.recover()
+        return points
+
+    def crash(self, op: str, nth: int, points: list[str]) -> None:
+        started = time.perf_counter()
+        args, on_success = self.prepare(op)
+        done = fp(*args, env={CRASH_AT_ENV: str(nth)})
+        name = points[nth - 1] if nth <= len(points) else f"#{nth}"
+        row = self.rows.setdefault((op, f"{nth:02d} {name}"), Row())
+        if done.returncode == -signal.SIGKILL:
+            row.injected += 1
+        elif done.returncode == 0:
+            on_success(done)  # this run passed fewer points (e.g. nothing left to collect)
+        else:
+            row.violations.append(f"rc {done.returncode}: {done.stderr.strip()[-200:]}")
+        self.settle(row, started)
+        print(f"  {op:<14} {nth:>2} {name:<30} rc {done.returncode:>3}  "
+              f"violations {len(row.violations)}", flush=True)  # fmt: skip
+
+    # -- other faults ----------------------------------------------------------------------
+
+    def _vm_pids(self, session: str) -> tuple[list[int], list[int]]:
+        """(QEMU pids, passt pids) of a session right now."""
+        qemu: list[int] = []
+        passt: list[int] = []
+        for pid, sid in home_processes(self.home, self.ledger.seen | {session}):
+            if sid != session:
+                continue
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            (passt if b"passt" in cmd.split(b"\0")[0] else qemu).append(pid)
+        return qemu, passt
+
+    def during(self, what: str, args: list[str], act: Callable[[], None], delay: float) -> None:
+        """Run ``args``, and ``act`` after ``delay`` seconds, while it runs."""
+        started = time.perf_counter()
+        row = self.others.setdefault(what, Row())
+        proc = subprocess.Popen([FORKPOINT, *args], env=BASE_ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(delay)
+        act()
+        row.injected += 1
+        try:
+            _, err = proc.communicate(timeout=180)
+            if proc.returncode not in (0, 4, 5):
+                row.violations.append(f"{what}: rc {proc.returncode}: {err.strip()[-200:]}")
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            row.violations.append(f"{what}: the operation hung")
+        self.settle(row, started)
+        print(f"  {what:<40} rc {proc.returncode}  violations {len(row.violations)}", flush=True)
+
+    def kill_vm(
+        self, sig: int, which: str = "qemu", resume_after: float = 0.0
+    ) -> Callable[[], None]:
+        def act() -> None:
+            qemu, passt = self._vm_pids(self.session)
+            for pid in qemu if which == "qemu" else passt:
+                os.kill(pid, sig)
+            if resume_after:
+                time.sleep(resume_after)
+                for pid in qemu if which == "qemu" else passt:
+                    os.kill(pid, signal.SIGCONT)
+
+        return act
+
+    def process_faults(self) -> None:
+        for _ in range(2):
+            d = self.rng.uniform(0.3, 2.5)
+            self.during("QEMU SIGKILL during checkpoint", ["checkpoint", self.session],
+                        self.kill_vm(signal.SIGKILL), d)  # fmt: skip
+            self.during("QEMU SIGSTOP 5 s during checkpoint", ["checkpoint", self.session],
+                        self.kill_vm(signal.SIGSTOP, resume_after=5), d)  # fmt: skip
+            self.during("QEMU SIGKILL during rollback", ["rollback", self.session, self.first],
+                        self.kill_vm(signal.SIGKILL), d + 1)  # fmt: skip
+            self.during("passt SIGKILL during rollback", ["rollback", self.session, self.first],
+                        self.kill_vm(signal.SIGKILL, "passt"), d + 1)  # fmt: skip
+            self.during("passt SIGKILL during checkpoint", ["checkpoint", self.session],
+                        self.kill_vm(signal.SIGKILL, "passt"), d)  # fmt: skip
+
+    def races(self, rounds: int) -> None:
+        for _ in range(rounds):
+            started = time.perf_counter()
+            row = self.others.setdefault("race: checkpoint vs rollback vs rm", Row())
+            victim = fpj("fork", self.first)[0]["id"]
+            self.ledger.seen.add(victim)
+            commands = [["checkpoint", self.session], ["rollback", self.session, self.first],
+                        ["checkpoint", victim], ["rollback", victim], ["rm", victim]]  # fmt: skip
+            procs = [subprocess.Popen([FORKPOINT, *c], env=BASE_ENV, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for c in commands]  # fmt: skip
+            row.injected += 1
+            for c, p in zip(commands, procs, strict=True):
+                _, err = p.communicate(timeout=300)
+                if p.returncode not in (0, 3, 4):  # done, gone already, wrong state
+                    row.violations.append(f"{' '.join(c)}: rc {p.returncode}: {err.strip()[-200:]}")
+            self.settle(row, started)
+            print(f"  race  violations {len(row.violations)}", flush=True)
+
+    def damage(self, kinds: list[str]) -> None:
+        for kind in kinds:
+            started = time.perf_counter()
+            row = self.others.setdefault(f"damaged checkpoint: {kind}", Row())
+            victim = fpj("checkpoint", self.session)["id"]
+            target, how = kind.split(" ", 1)
+            path = self.home.checkpoints / victim / target
+            size = path.stat().st_size
+            with open(path, "r+b") as f:
+                if how == "truncated":
+                    f.truncate(size // 2)
+                else:  # bytes flipped, in the middle of the file
+                    f.seek(size // 2)
+                    byte = f.read(1)
+                    f.seek(size // 2)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+            before = len(fpj("ls"))
+            done = fp("fork", victim)
+            row.injected += 1
+            if done.returncode != 4 or "damaged checkpoint" not in done.stderr:
+                row.violations.append(
+                    f"fork of {kind}: rc {done.returncode}: {done.stderr.strip()[-200:]}"
+                )
+            if len(fpj("ls")) != before:
+                row.violations.append(f"fork of {kind} left a session")
+            verify = fp("checkpoint", "verify", victim)
+            if verify.returncode != 4:
+                row.violations.append(f"verify of {kind}: rc {verify.returncode}")
+            fp("checkpoint", "rm", victim)
+            self.settle(row, started)
+            print(
+                f"  damage {kind:<22} fork rc {done.returncode} verify rc {verify.returncode}",
+                flush=True,
+            )
+
+    def host_restart(self) -> None:
+        started = time.perf_counter()
+        row = self.others.setdefault("host restart: every QEMU and passt SIGKILLed", Row())
+        extra = fpj("fork", self.first)[0]["id"]
+        self.ledger.seen.add(extra)
+        ports_before = {s["id"]: s["ports"] for s in fpj("ls")}
+        for pid, _ in home_processes(self.home, self.ledger.seen):
+            os.kill(pid, signal.SIGKILL)
+        row.injected += 1
+        time.sleep(0.5)
+        states = {s["id"]: s["state"] for s in fpj("ls")}
+        if set(states.values()) != {"crashed"}:
+            row.violations.append(f"after the kill: {states}")
+        done = fp("recover", "--json")
+        if done.returncode != 0:
+            row.violations.append(f"recover: rc {done.returncode}: {done.stderr.strip()}")
+        after = {s["id"]: s for s in fpj("ls")}
+        for sid in states:
+            s = after.get(sid)
+            if s is None or s["state"] != "running" or s["ports"] != ports_before[sid]:
+                row.violations.append(f"{sid} after recover: {s}")
+        fp("rm", extra)
+        self.settle(row, started)
+        print(f"  host restart  violations {len(row.violations)}", flush=True)
+
+    # -- the whole campaign --------------------------------------------------------------
+
+    def run(
+        self, ops: list[str], walk: bool, crashes: int, quick_ops: list[str], sample: int = 0
+    ) -> None:
+        """Every point of every operation (``walk``; else of ``quick_ops``, and ``sample``
+        random points of each other one), then random points until ``crashes`` in all."""
+        self.setup()
+        traces = {op: self.trace(op) for op in ops}
+        for op, points in traces.items():
+            print(f"{op}: {len(points)} points: {' '.join(points)}", flush=True)
+        done = 0
+        for op in ops:
+            if walk or op in quick_ops:
+                chosen = list(range(1, len(traces[op]) + 1))
+            else:
+                chosen = self.rng.sample(range(1, len(traces[op]) + 1), sample)
+            for nth in chosen:
+                self.crash(op, nth, traces[op])
+                done += 1
+        while done < crashes:
+            op = self.rng.choice(ops)
+            self.crash(op, self.rng.randrange(1, len(traces[op]) + 1), traces[op])
+            done += 1
+
+    def report(self, out: Path, restores: list[str], wall_s: float) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "crash_points": [
+                {"operation": op, "point": point, "injected": r.injected, "recovered": r.recovered,
+                 "violations": r.violations, "seconds": round(r.seconds, 1)}
+                for (op, point), r in sorted(self.rows.items())
+            ],
+            "other_faults": [
+                {"fault": what, "injected": r.injected, "recovered": r.recovered,
+                 "violations": r.violations, "seconds": round(r.seconds, 1)}
+                for what, r in self.others.items()
+            ],
+            "restores_checked": len(self.ledger.checkpoints),
+            "restore_violations": restores,
+            "wall_s": round(wall_s, 1),
+        }  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "faults.json").write_text(json.dumps(data, indent=2))
+        lines = ["| operation | crash point | injected | recovered | invariant violations |",
+                 "|---|---|---:|---:|---:|"]  # fmt: skip
+        for row in data["crash_points"]:
+            lines.append(f"| {row['operation']} | `{row['point']}` | {row['injected']} | "
+                         f"{row['recovered']} | {len(row['violations'])} |")  # fmt: skip
+        lines += [
+            "",
+            "| fault | injected | recovered | invariant violations |",
+            "|---|---:|---:|---:|",
+        ]
+        for row in data["other_faults"]:
+            lines.append(
+                f"| {row['fault']} | {row['injected']} | {row['recovered']} | {len(row['violations'])} |"
+            )
+        total = sum(r["injected"] for r in data["crash_points"])
+        lines += ["", f"{total} crashes injected; {len(self.ledger.checkpoints)} checkpoints restored "
+                  f"and their markers compared ({len(restores)} wrong); {wall_s / 60:.1f} min."]  # fmt: skip
+        (out / "faults.md").write_text("\n".join(lines) + "\n")
+        return data
+
+    def teardown(self) -> None:
+        for s in fpj("ls"):
+            fp("rm", s["id"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the reduced campaign of make test")
+    parser.add_argument("--crashes", type=int, default=200, help="crashes in all (full run)")
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--out", type=Path, default=Path("faults-out"))
+    args = parser.parse_args(argv)
+    ops = ["create", "checkpoint", "fork", "rollback", "rm", "checkpoint-rm"]
+    campaign = Campaign(args.seed)
+    started = time.perf_counter()
+    try:
+        if args.quick:  # every checkpoint point, one random point of each other operation
+            campaign.run(ops, walk=False, crashes=0, quick_ops=["checkpoint"], sample=1)
+            campaign.damage(["state bytes-flipped", "ram truncated", "manifest.json bytes-flipped"])
+            campaign.host_restart()
+        else:
+            campaign.run(ops, walk=True, crashes=args.crashes, quick_ops=[])
+            campaign.process_faults()
+            campaign.races(3)
+            campaign.damage([f"{f} {h}" for f in ("state", "ram", "manifest.json")
+                             for h in ("truncated", "bytes-flipped")])  # fmt: skip
+            campaign.host_restart()
+        restores = campaign.check_restores()
+        return campaign.report(args.out, restores, time.perf_counter() - started)
+    finally:
+        campaign.teardown()
+
+
+if __name__ == "__main__":
+    result = main()
+    bad = sum(len(r["violations"]) for r in result["crash_points"] + result["other_faults"])
+    bad += len(result["restore_violations"])
+    print(f"violations: {bad}")
+    sys.exit(1 if bad else 0)
