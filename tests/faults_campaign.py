@@ -16,6 +16,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forkpoint.config import home
+from forkpoint.config import Home, home
 from forkpoint.faults import CRASH_AT_ENV, CRASH_TRACE_ENV
+from forkpoint.runtime import Runtime
 from forkpoint.runtime.invariants import Ledger, check_home, home_processes
 from forkpoint.runtime.orphans import GRACE_ENV
 from forkpoint.store import Store
@@ -78,7 +80,7 @@ class Campaign:
     # -- the world the faults hit ------------------------------------------------------
 
     def setup(self) -> None:
-        s = fpj("create")
+        s = fpj("create", "--port", "8000")
         self.session = s["id"]
         self.ledger.sessions.add(self.session)
         self.ledger.seen.add(self.session)
@@ -108,7 +110,10 @@ class Campaign:
         self, op: str
     ) -> tuple[list[str], Callable[[subprocess.CompletedProcess[str]], None]]:
         """The command line of one run of ``op``, and what its success means."""
-        nothing: Callable[[subprocess.CompletedProcess[str]], None] = lambda done: None
+
+        def nothing(done: subprocess.CompletedProcess[str]) -> None:
+            pass
+
         if op == "create":
             return ["create"], nothing
         if op == "fork":
@@ -161,8 +166,6 @@ class Campaign:
         self.adopt_unreported_checkpoints()
         # Every completed operation collects; one more pass for the case none ran.
         ok &= fp("checkpoint", "rm", "c-0000000000").returncode == 3
-        from forkpoint.runtime import Runtime
-
         rt = Runtime.open(self.home)
         try:
             rt.gc()
@@ -299,8 +302,11 @@ class Campaign:
             self.ledger.seen.add(victim)
             commands = [["checkpoint", self.session], ["rollback", self.session, self.first],
                         ["checkpoint", victim], ["rollback", victim], ["rm", victim]]  # fmt: skip
-            procs = [subprocess.Popen([FORKPOINT, *c], env=BASE_ENV, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for c in commands]  # fmt: skip
+            pipe = subprocess.PIPE
+            procs = [
+                subprocess.Popen([FORKPOINT, *c], env=BASE_ENV, stdout=pipe, stderr=pipe, text=True)
+                for c in commands
+            ]
             row.injected += 1
             for c, p in zip(commands, procs, strict=True):
                 _, err = p.communicate(timeout=300)
@@ -345,6 +351,9 @@ class Campaign:
             )
 
     def host_restart(self) -> None:
+        """Every QEMU and passt killed at once, one forwarded port taken meanwhile by
+        another program: ``recover`` brings each session back, same id, same ports except
+        the taken one."""
         started = time.perf_counter()
         row = self.others.setdefault("host restart: every QEMU and passt SIGKILLed", Row())
         extra = fpj("fork", self.first)[0]["id"]
@@ -357,17 +366,94 @@ class Campaign:
         states = {s["id"]: s["state"] for s in fpj("ls")}
         if set(states.values()) != {"crashed"}:
             row.violations.append(f"after the kill: {states}")
-        done = fp("recover", "--json")
+        squatter = socket.socket()  # another program took the fork's port
+        squatter.bind(("127.0.0.1", ports_before[extra][0]["host_port"]))
+        squatter.listen()
+        try:
+            done = fp("recover", "--json")
+        finally:
+            squatter.close()
         if done.returncode != 0:
             row.violations.append(f"recover: rc {done.returncode}: {done.stderr.strip()}")
         after = {s["id"]: s for s in fpj("ls")}
         for sid in states:
             s = after.get(sid)
-            if s is None or s["state"] != "running" or s["ports"] != ports_before[sid]:
+            if s is None or s["state"] != "running":
                 row.violations.append(f"{sid} after recover: {s}")
+                continue
+            same = [p["host_port"] for p in s["ports"]] == [
+                p["host_port"] for p in ports_before[sid]
+            ]
+            if same == (sid == extra):  # kept where free, moved where taken
+                row.violations.append(f"{sid}'s ports: {ports_before[sid]} → {s['ports']}")
+        if self.marker_of(self.session) is None:
+            row.violations.append("the recovered session does not answer")
         fp("rm", extra)
         self.settle(row, started)
         print(f"  host restart  violations {len(row.violations)}", flush=True)
+
+    def disk_full(self, margins_mib: list[int]) -> None:
+        """A home on a small tmpfs: a checkpoint that finds the disk full fails cleanly,
+        leaves nothing, and the next one (space freed) works and restores."""
+        started = time.perf_counter()
+        root = self.home.root / "diskfull-home"
+        root.mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200m", "tmpfs", str(root)], check=True)
+        small = Home(root)
+        env = {"FORKPOINT_HOME": str(root), "FORKPOINT_DISK_RESERVE": "0"}
+        try:
+            for shared in ("images", "cache"):
+                (root / shared).symlink_to((self.home.root / shared).resolve())
+            made = fp("create", "--memory", "256", "--json", env=env)
+            session = json.loads(made.stdout)["id"]
+            filler = root / "filler"
+            for margin in margins_mib:
+                row = self.others.setdefault(
+                    f"disk full during checkpoint ({margin} MiB left)", Row()
+                )
+                fp("exec", session, "--", "sh", "-c", f"echo full-{margin} > {MARKER}", env=env)
+                with open(filler, "wb") as f:
+                    free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+                    os.posix_fallocate(f.fileno(), 0, max(1, free - (margin << 20)))
+                done = fp("checkpoint", session, env=env)
+                row.injected += 1
+                if done.returncode == 0:
+                    row.violations.append(f"{margin} MiB: the checkpoint fitted")
+                elif done.returncode < 0 or len(done.stderr.strip().splitlines()) != 1:
+                    row.violations.append(f"{margin} MiB: rc {done.returncode}: {done.stderr}")
+                filler.unlink()
+                store = Store.open(small)
+                try:
+                    Runtime(small, store).gc()
+                    found = check_home(small, store)
+                finally:
+                    store.close()
+                again = fp("checkpoint", session, "--json", env=env)
+                if again.returncode != 0:
+                    found.append(f"after freeing space: {again.stderr.strip()}")
+                else:
+                    fork = fp("fork", json.loads(again.stdout)["id"], "--json", env=env)
+                    fork_id = json.loads(fork.stdout)[0]["id"] if fork.returncode == 0 else None
+                    shown = (
+                        fp("exec", fork_id, "--", "cat", MARKER, env=env).stdout.strip()
+                        if fork_id
+                        else None
+                    )
+                    if shown != f"full-{margin}":
+                        found.append(f"the checkpoint after freeing space shows {shown!r}")
+                    if fork_id:
+                        fp("rm", fork_id, env=env)
+                recovered = not found
+                row.recovered += recovered
+                row.violations += found
+                row.seconds += time.perf_counter() - started
+                started = time.perf_counter()
+                print(f"  disk full {margin} MiB: rc {done.returncode} {done.stderr.strip()[:120]} "
+                      f"violations {len(row.violations)}", flush=True)  # fmt: skip
+        finally:
+            for s in json.loads(fp("ls", "--json", env=env).stdout or "[]"):
+                fp("rm", s["id"], env=env)
+            subprocess.run(["umount", "--lazy", str(root)], check=False)
 
     # -- the whole campaign --------------------------------------------------------------
 
@@ -424,17 +510,24 @@ class Campaign:
         ]
         for row in data["other_faults"]:
             lines.append(
-                f"| {row['fault']} | {row['injected']} | {row['recovered']} | {len(row['violations'])} |"
+                f"| {row['fault']} | {row['injected']} | {row['recovered']} "
+                f"| {len(row['violations'])} |"
             )
         total = sum(r["injected"] for r in data["crash_points"])
-        lines += ["", f"{total} crashes injected; {len(self.ledger.checkpoints)} checkpoints restored "
-                  f"and their markers compared ({len(restores)} wrong); {wall_s / 60:.1f} min."]  # fmt: skip
+        lines += [
+            "",
+            f"{total} crashes injected; {len(self.ledger.checkpoints)} checkpoints restored "
+            f"and their markers compared ({len(restores)} wrong); {wall_s / 60:.1f} min.",
+        ]
         (out / "faults.md").write_text("\n".join(lines) + "\n")
         return data
 
     def teardown(self) -> None:
+        """Every session, then every checkpoint the campaign made (newest first)."""
         for s in fpj("ls"):
             fp("rm", s["id"])
+        for c in reversed(fpj("checkpoints")):
+            fp("checkpoint", "rm", c["id"])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -452,6 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             campaign.run(ops, walk=False, crashes=0, quick_ops=["checkpoint"], sample=1)
             campaign.damage(["state bytes-flipped", "ram truncated", "manifest.json bytes-flipped"])
             campaign.host_restart()
+            campaign.disk_full([8])
         else:
             campaign.run(ops, walk=True, crashes=args.crashes, quick_ops=[])
             campaign.process_faults()
@@ -459,6 +553,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             campaign.damage([f"{f} {h}" for f in ("state", "ram", "manifest.json")
                              for h in ("truncated", "bytes-flipped")])  # fmt: skip
             campaign.host_restart()
+            campaign.disk_full([1, 8, 40, 120])
         restores = campaign.check_restores()
         return campaign.report(args.out, restores, time.perf_counter() - started)
     finally:

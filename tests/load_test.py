@@ -30,7 +30,7 @@ from typing import Any
 from forkpoint.config import home
 from forkpoint.errors import Busy, ForkpointError
 from forkpoint.runtime.invariants import check_home, home_processes
-from forkpoint.sdk import AsyncSandbox
+from forkpoint.sdk import AsyncCheckpoint, AsyncSandbox
 from forkpoint.store import Store
 
 FORKPOINT = str(Path(sys.executable).parent / "forkpoint")
@@ -78,41 +78,49 @@ class Load:
 
     async def worker(self, n: int, deadline: float) -> None:
         sb = await self.new_session()
-        checkpoints: list[Any] = []
+        checkpoints: list[AsyncCheckpoint] = []
         i = 0
         while time.monotonic() < deadline:
             i += 1
             op = self.rng.choices(list(OPS), weights=list(OPS.values()))[0]
-            if op == "exec":
-                await self.timed(op, lambda: sb.commands.run(f"echo {n}-{i}"))
-            elif op == "write+read":
-                path, data = f"/root/load-{i % 5}", f"{n}:{i}\n" * 100
-
-                async def write_read() -> None:
-                    await sb.files.write(path, data)
-                    if await sb.files.read_text(path) != data:
-                        raise ForkpointError("read back something else")
-
-                await self.timed(op, write_read)
-            elif op == "checkpoint":
-                ck = await self.timed(op, lambda: sb.checkpoint())
-                if ck is not None:
-                    checkpoints.append(ck)
-            elif op == "fork" and checkpoints:
-                forks = await self.timed(op, lambda: checkpoints[-1].fork(1))
-                for f in forks or []:
-                    if isinstance(f, AsyncSandbox):
-                        await self.timed("rm", f.kill)
-                    else:
-                        self.errors[f"fork: {f.code}"] += 1
-            elif op == "rollback" and checkpoints:
-                await self.timed(op, lambda: sb.rollback(self.rng.choice(checkpoints)))
-            elif op == "rm":
-                await self.timed(op, sb.kill)
-                checkpoints.clear()
-                sb = await self.new_session()
+            sb = await self.step(op, f"{n}-{i}", sb, checkpoints)
             await asyncio.sleep(self.rng.uniform(0, 2))
         await self.timed("rm", sb.kill)
+
+    async def step(
+        self, op: str, tag: str, sb: AsyncSandbox, checkpoints: list[AsyncCheckpoint]
+    ) -> AsyncSandbox:
+        """One operation on the worker's session; returns its session (``rm`` makes anew)."""
+        if op == "exec":
+            await self.timed(op, lambda: sb.commands.run(f"echo {tag}"))
+        elif op == "write+read":
+            path, data = f"/root/load-{tag[-1]}", f"{tag}\n" * 100
+
+            async def write_read() -> None:
+                await sb.files.write(path, data)
+                if await sb.files.read_text(path) != data:
+                    raise ForkpointError("read back something else")
+
+            await self.timed(op, write_read)
+        elif op == "checkpoint":
+            ck = await self.timed(op, lambda: sb.checkpoint())
+            if ck is not None:
+                checkpoints.append(ck)
+        elif op == "fork" and checkpoints:
+            forks = await self.timed(op, lambda: checkpoints[-1].fork(1))
+            for f in forks or []:
+                if isinstance(f, AsyncSandbox):
+                    await self.timed("rm", f.kill)
+                else:
+                    self.errors[f"fork: {f.code}"] += 1
+        elif op == "rollback" and checkpoints:
+            target = self.rng.choice(checkpoints)
+            await self.timed(op, lambda: sb.rollback(target))
+        elif op == "rm":
+            await self.timed(op, sb.kill)
+            checkpoints.clear()
+            return await self.new_session()
+        return sb
 
 
 def _proc_stats(pid: int) -> tuple[int, int]:

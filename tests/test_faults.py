@@ -3,7 +3,9 @@ and the pieces it stands on: crash points, the orphan sweep, the integrity check
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 
 from forkpoint.config import home
 from forkpoint.errors import DamagedCheckpoint
-from forkpoint.runtime.integrity import check_before_restore, describe_files
+from forkpoint.runtime.integrity import check_before_restore, describe_files, page_sum
 from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.runtime.orphans import GRACE_ENV, sweep_orphans
 from forkpoint.store import Store
@@ -30,7 +32,9 @@ def test_crash_point_is_a_no_op_unless_named() -> None:
     killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert killed.returncode == -signal.SIGKILL and killed.stdout == b""
     env["FORKPOINT_CRASH_AT"] = "3"  # only two points are passed
-    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0
+    assert (
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode == 0
+    )
 
 
 def test_crash_point_costs_nothing_when_off() -> None:
@@ -68,27 +72,59 @@ def test_orphans_are_swept_and_work_in_progress_kept(monkeypatch: pytest.MonkeyP
         store.close()
 
 
+def _sparse_ram(path: Path, pages: dict[int, bytes]) -> None:
+    with open(path, "wb") as ram:
+        ram.truncate(64 << 20)
+        for index, data in pages.items():
+            ram.seek(index * 4096)
+            ram.write(data)
+
+
+def test_page_sum_follows_written_pages(tmp_path: Path) -> None:
+    """A checkpoint's RAM sum is its base's updated for the pages written: equal to the
+    sum of the whole file, and moved by any page changed."""
+    base = CheckpointFiles(tmp_path / "c-0000000001")
+    base.dir.mkdir()
+    _sparse_ram(base.ram, {i: os.urandom(4096) for i in (3, 4, 900, 5000)})
+    base.state.write_bytes(b"s")
+    base.manifest.write_text(json.dumps({"files": describe_files(base, tmp_path / "none", ())}))
+    new = CheckpointFiles(tmp_path / "c-0000000002")
+    new.dir.mkdir()
+    shutil.copyfile(base.ram, new.ram)
+    with open(new.ram, "r+b") as f:  # pages 4 and 7 written (7 was a hole)
+        for index in (4, 7):
+            f.seek(index * 4096)
+            f.write(os.urandom(4096))
+    new.state.write_bytes(b"s")
+    described = describe_files(new, base.ram, ((4 * 4096, 4096), (7 * 4096, 4096)))
+    assert described["ram"]["page_sum"] == f"{page_sum(new.ram):064x}"
+    assert described["ram"]["page_sum"] != f"{page_sum(base.ram):064x}"
+
+
 def test_damaged_files_are_refused(tmp_path: Path) -> None:
     files = CheckpointFiles(tmp_path / "c-0000000001")
     files.dir.mkdir()
     files.state.write_bytes(os.urandom(300_000))
-    with open(files.ram, "wb") as ram:  # sparse, like a real one
-        ram.truncate(64 << 20)
-        ram.seek(8 << 20)
-        ram.write(os.urandom(1 << 20))
-    manifest = {"format": 1, "files": describe_files(files)}
-    files.manifest.write_text(__import__("json").dumps(manifest))
+    _sparse_ram(files.ram, {2048: os.urandom(1 << 20)})
+    manifest = {"format": 1, "files": describe_files(files, tmp_path / "none", ())}
+    files.manifest.write_text(json.dumps(manifest))
     check_before_restore(files, manifest)
-    with open(files.state, "r+b") as f:
-        f.seek(1000)
-        f.write(b"\0\1\2")
-    with pytest.raises(DamagedCheckpoint, match="damaged checkpoint .*state's content differs"):
+    with open(files.ram, "r+b") as f:  # a byte flipped: the change time moves
+        f.seek((2048 << 12) + 5000)
+        f.write(b"\xff")
+    with pytest.raises(DamagedCheckpoint, match="damaged checkpoint .*ram's content differs"):
+        check_before_restore(files, manifest)
+    (files.dir / "ram.verified").unlink(missing_ok=True)
+    files.manifest.write_text(json.dumps({**manifest, "format": 2}))
+    with pytest.raises(DamagedCheckpoint, match="differs from the store's copy"):
         check_before_restore(files, manifest)
 
 
 @pytest.mark.vm
 def test_reduced_fault_campaign(tmp_path: Path) -> None:
     result = faults_campaign.main(["--quick", "--out", str(tmp_path)])
-    violations = [v for r in result["crash_points"] + result["other_faults"] for v in r["violations"]]
+    violations = [
+        v for r in result["crash_points"] + result["other_faults"] for v in r["violations"]
+    ]
     assert violations == [] and result["restore_violations"] == []
     assert sum(r["injected"] for r in result["crash_points"]) >= 12

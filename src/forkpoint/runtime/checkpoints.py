@@ -76,7 +76,9 @@ class Checkpointer:
                 # Whatever happened, record the layer the VM now writes to.
                 await asyncio.to_thread(self._record_new_top, origin, layer, new_top)
             # Sizes and hashes, checked before every restore (see integrity).
-            described = await asyncio.to_thread(describe_files, staging)
+            described = await asyncio.to_thread(
+                describe_files, staging, ram_base, stats.written_ranges
+            )
             faults.point("checkpoint.files-hashed")
             manifest = Manifest(
                 id=final.dir.name, session_id=origin.session_id, name=origin.name,

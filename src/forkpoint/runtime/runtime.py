@@ -580,6 +580,9 @@ class Runtime(Queries):
             files = self.files(record.id)
             await asyncio.to_thread(kill_session_processes, files, record)
             faults.point("rollback.old-vm-killed")
+            # Its ports, unless another program took one while it was down (host restart).
+            if await asyncio.to_thread(self._ports.keep_or_move, record.id):
+                record = await asyncio.to_thread(self.store.get_session, record.id)
             generation = record.generation + 1
             spec = RestoreSpec(
                 files=files, checkpoint=self.checkpoint_files(target.id),

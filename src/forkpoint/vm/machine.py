@@ -345,8 +345,9 @@ class Machine:
             device_state_ms = (time.perf_counter() - t_state) * 1000
             faults.point("checkpoint.state-saved")
             t_ram = time.perf_counter()
+            ranges: list[tuple[int, int]] = []
             written = await asyncio.to_thread(
-                copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest
+                copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest, ranges
             )
             written_ms = (time.perf_counter() - t_ram) * 1000
             faults.point("checkpoint.pages-copied")
@@ -370,6 +371,7 @@ class Machine:
             written_bytes=written,
             ram_bytes=allocated_bytes(ram_dest),
             state_bytes=state_dest.stat().st_size,
+            written_ranges=tuple(ranges),
         )
 
     async def _save_device_state(self, dest: Path) -> None:
