@@ -392,10 +392,11 @@ class Campaign:
         self.settle(row, started)
         print(f"  host restart  violations {len(row.violations)}", flush=True)
 
-    def disk_full(self, margins_mib: list[int]) -> None:
-        """A home on a small tmpfs: a checkpoint that finds the disk full fails cleanly,
-        leaves nothing, and the next one (space freed) works and restores."""
-        started = time.perf_counter()
+    def disk_full(self, delays_s: list[float]) -> None:
+        """A home on a small tmpfs, filled by another writer while a checkpoint writes
+        (``delay`` s after its staging directory appears, its free-space check passed):
+        the checkpoint fails with one line, leaves nothing, and the next one (space
+        freed) works and restores its marker."""
         root = self.home.root / "diskfull-home"
         root.mkdir(exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200m", "tmpfs", str(root)], check=True)
@@ -406,54 +407,80 @@ class Campaign:
                 (root / shared).symlink_to((self.home.root / shared).resolve())
             made = fp("create", "--memory", "256", "--json", env=env)
             session = json.loads(made.stdout)["id"]
-            filler = root / "filler"
-            for margin in margins_mib:
-                row = self.others.setdefault(
-                    f"disk full during checkpoint ({margin} MiB left)", Row()
-                )
-                fp("exec", session, "--", "sh", "-c", f"echo full-{margin} > {MARKER}", env=env)
-                with open(filler, "wb") as f:
-                    free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
-                    os.posix_fallocate(f.fileno(), 0, max(1, free - (margin << 20)))
-                done = fp("checkpoint", session, env=env)
-                row.injected += 1
-                if done.returncode == 0:
-                    row.violations.append(f"{margin} MiB: the checkpoint fitted")
-                elif done.returncode < 0 or len(done.stderr.strip().splitlines()) != 1:
-                    row.violations.append(f"{margin} MiB: rc {done.returncode}: {done.stderr}")
-                filler.unlink()
-                store = Store.open(small)
-                try:
-                    Runtime(small, store).gc()
-                    found = check_home(small, store)
-                finally:
-                    store.close()
-                again = fp("checkpoint", session, "--json", env=env)
-                if again.returncode != 0:
-                    found.append(f"after freeing space: {again.stderr.strip()}")
-                else:
-                    fork = fp("fork", json.loads(again.stdout)["id"], "--json", env=env)
-                    fork_id = json.loads(fork.stdout)[0]["id"] if fork.returncode == 0 else None
-                    shown = (
-                        fp("exec", fork_id, "--", "cat", MARKER, env=env).stdout.strip()
-                        if fork_id
-                        else None
-                    )
-                    if shown != f"full-{margin}":
-                        found.append(f"the checkpoint after freeing space shows {shown!r}")
-                    if fork_id:
-                        fp("rm", fork_id, env=env)
-                recovered = not found
-                row.recovered += recovered
-                row.violations += found
-                row.seconds += time.perf_counter() - started
-                started = time.perf_counter()
-                print(f"  disk full {margin} MiB: rc {done.returncode} {done.stderr.strip()[:120]} "
-                      f"violations {len(row.violations)}", flush=True)  # fmt: skip
+            for delay in delays_s:
+                self._fill_during_checkpoint(small, session, env, delay)
         finally:
             for s in json.loads(fp("ls", "--json", env=env).stdout or "[]"):
                 fp("rm", s["id"], env=env)
             subprocess.run(["umount", "--lazy", str(root)], check=False)
+
+    def _fill_during_checkpoint(
+        self, small: Home, session: str, env: dict[str, str], delay: float
+    ) -> None:
+        started = time.perf_counter()
+        row = self.others.setdefault("disk full during a checkpoint", Row())
+        value = f"full-{delay}"
+        fp("exec", session, "--", "sh", "-c", f"echo {value} > {MARKER}", env=env)
+        filler = small.root / "filler"
+        # Left free: just what the free-space check wants (its RAM size + 16 MiB, bounded
+        # from above), so the check passes and the checkpoint starts.
+        room = (256 + 16 + 4) << 20
+        with open(filler, "wb") as f:
+            st = os.statvfs(small.root)
+            os.posix_fallocate(f.fileno(), 0, max(1 << 20, st.f_bavail * st.f_frsize - room))
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen(
+            [FORKPOINT, "checkpoint", session], env={**BASE_ENV, **env}, stdout=pipe,
+            stderr=pipe, text=True,
+        )  # fmt: skip
+        # Once its staging directory exists (its free-space check passed), plus ``delay``,
+        # another writer takes the rest, a MiB at a time (what it got, it keeps).
+        limit = time.monotonic() + 60
+        while not any(small.checkpoints.glob(".tmp-*")) and time.monotonic() < limit:
+            time.sleep(0.001)
+        time.sleep(delay)
+        block = b"\xa5" * (1 << 20)
+        with open(small.root / "filler2", "wb", buffering=0) as f:
+            try:
+                while proc.poll() is None:
+                    f.write(block)
+            except OSError:
+                pass  # full
+        _, err = proc.communicate(timeout=300)
+        full = proc.returncode != 0
+        row.injected += full
+        found: list[str] = []
+        if full and (proc.returncode < 0 or len(err.strip().splitlines()) != 1):
+            found.append(f"rc {proc.returncode}: {err.strip()[-300:]}")
+        filler.unlink()
+        (small.root / "filler2").unlink()
+        store = Store.open(small)
+        try:
+            Runtime(small, store).gc()  # what the next operation does
+            found += check_home(small, store)
+        finally:
+            store.close()
+        again = fp("checkpoint", session, "--json", env=env)
+        if again.returncode != 0:
+            found.append(f"after freeing space: {again.stderr.strip()}")
+        else:
+            fork = fp("fork", json.loads(again.stdout)["id"], "--json", env=env)
+            fork_id = json.loads(fork.stdout)[0]["id"] if fork.returncode == 0 else None
+            shown = None
+            if fork_id:
+                shown = fp("exec", fork_id, "--", "cat", MARKER, env=env).stdout.strip()
+                fp("rm", fork_id, env=env)
+            if shown != value:
+                found.append(f"the checkpoint after freeing space shows {shown!r}")
+        for c in reversed(json.loads(fp("checkpoints", session, "--json", env=env).stdout)):
+            fp("checkpoint", "rm", c["id"], env=env)  # room for the next round
+        row.recovered += full and not found
+        row.violations += found
+        for problem in found:
+            print(f"    VIOLATION {problem}", flush=True)
+        row.seconds += time.perf_counter() - started
+        print(f"  disk full after {delay} s: rc {proc.returncode} {err.strip()[:150]} "
+              f"violations {len(row.violations)}", flush=True)  # fmt: skip
 
     # -- the whole campaign --------------------------------------------------------------
 
@@ -545,7 +572,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             campaign.run(ops, walk=False, crashes=0, quick_ops=["checkpoint"], sample=1)
             campaign.damage(["state bytes-flipped", "ram truncated", "manifest.json bytes-flipped"])
             campaign.host_restart()
-            campaign.disk_full([8])
+            campaign.disk_full([0.0])
         else:
             campaign.run(ops, walk=True, crashes=args.crashes, quick_ops=[])
             campaign.process_faults()
@@ -553,7 +580,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             campaign.damage([f"{f} {h}" for f in ("state", "ram", "manifest.json")
                              for h in ("truncated", "bytes-flipped")])  # fmt: skip
             campaign.host_restart()
-            campaign.disk_full([1, 8, 40, 120])
+            campaign.disk_full([0.0, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2])
         restores = campaign.check_restores()
         return campaign.report(args.out, restores, time.perf_counter() - started)
     finally:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from forkpoint.config import home
-from forkpoint.errors import DamagedCheckpoint
+from forkpoint.config import Home, home
+from forkpoint.errors import DamagedCheckpoint, InternalError
 from forkpoint.runtime.integrity import check_before_restore, describe_files, page_sum
 from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.runtime.orphans import GRACE_ENV, sweep_orphans
@@ -118,6 +118,23 @@ def test_damaged_files_are_refused(tmp_path: Path) -> None:
     files.manifest.write_text(json.dumps({**manifest, "format": 2}))
     with pytest.raises(DamagedCheckpoint, match="differs from the store's copy"):
         check_before_restore(files, manifest)
+
+
+def test_a_full_disk_is_a_clear_store_error(tmp_path: Path) -> None:
+    """Regression: a disk filling up during a checkpoint surfaced as ``OperationalError:
+    database or disk is full``; the transaction rolls back and says what happened."""
+    store = Store.open(Home(tmp_path))
+    try:
+        conn = store._connection()
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")  # SQLite's own SQLITE_FULL
+        with pytest.raises(InternalError, match="metadata database .* the disk is full"):
+            for n in range(1000):
+                store.insert_layer(f"{n:016x}.qcow2")
+        conn.execute("PRAGMA max_page_count = 1073741823")
+        store.insert_layer("ffffffffffffffff.qcow2")  # the store still works
+    finally:
+        store.close()
 
 
 @pytest.mark.vm
