@@ -7,19 +7,24 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from forkpoint.config import Home, home
 from forkpoint.errors import DamagedCheckpoint, InternalError
+from forkpoint.runtime import Runtime
 from forkpoint.runtime.integrity import check_before_restore, describe_files, page_sum
+from forkpoint.runtime.invariants import check_home
 from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.runtime.orphans import GRACE_ENV, sweep_orphans
-from forkpoint.store import Store
+from forkpoint.runtime.ports import HostPorts
+from forkpoint.store import PortForward, SessionRecord, SessionState, Store, session_lock
 
 sys.path.insert(0, str(Path(__file__).parent))
 import faults_campaign  # noqa: E402
@@ -134,6 +139,54 @@ def test_a_full_disk_is_a_clear_store_error(tmp_path: Path) -> None:
         conn.execute("PRAGMA max_page_count = 1073741823")
         store.insert_layer("ffffffffffffffff.qcow2")  # the store still works
     finally:
+        store.close()
+
+
+def _session_row(store: Store, **kw: object) -> SessionRecord:
+    store.insert_layer("base.qcow2")
+    record = SessionRecord.new(
+        image="default", image_hash="ih1", disk_layer="base.qcow2", memory_mib=512, cpus=1
+    )
+    return store.insert_session(replace(record, **kw))  # type: ignore[arg-type]
+
+
+def test_a_session_left_creating_by_a_killed_creator_is_crashed(tmp_path: Path) -> None:
+    """Regression: a create or fork killed after inserting its row left the session
+    ``creating`` for ever (not crashed, so not recoverable; its QEMU unowned)."""
+    h = Home(tmp_path).ensure()
+    rt = Runtime(h, Store.open(h))
+    try:
+        record = _session_row(rt.store)
+        with session_lock(h, record.id):  # its creator, alive
+            assert rt.get(record.id).state == SessionState.CREATING
+        assert rt.get(record.id).state == SessionState.CRASHED  # the creator is gone
+        assert not [p for p in check_home(h, rt.store) if "creating" in p]
+    finally:
+        rt.close()
+
+
+def test_ports_are_kept_where_free_and_moved_where_taken(tmp_path: Path) -> None:
+    """Regression: reviving a session after a host restart failed when another program
+    had taken one of its host ports meanwhile (passt cannot bind it)."""
+    h = Home(tmp_path).ensure()
+    store = Store.open(h)
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free = probe.getsockname()[1]
+        ports = (PortForward(80, taken), PortForward(8000, free))
+        record = _session_row(store, ports=ports)
+        moved = HostPorts(h, store).keep_or_move(record.id)
+        assert list(moved) == [taken] and moved[taken] not in (taken, free)
+        after = {p.guest_port: p.host_port for p in store.get_session(record.id).ports}
+        assert after == {80: moved[taken], 8000: free}
+        assert HostPorts(h, store).keep_or_move(record.id) == {}  # all free now: kept
+    finally:
+        squatter.close()
         store.close()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError
@@ -56,7 +57,7 @@ def home_processes(home: Home, session_ids: Iterable[str]) -> list[tuple[int, st
     found: list[tuple[int, str]] = []
     for pid, arg in pids_with_arg(lambda a: a.startswith(root) or "forkpoint-passt-" in a):
         try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         match = _VM_NAME_RE.search(cmdline)
