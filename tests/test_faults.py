@@ -62,6 +62,8 @@ def test_orphans_are_swept_and_work_in_progress_kept(monkeypatch: pytest.MonkeyP
         d.mkdir(parents=True, exist_ok=True)
     layer.write_bytes(b"x")
     held = (h.layers / "fedcba9876543210.qcow2").open("wb")  # open: a VM's unrecorded layer
+    # A VM whose checkpoint was killed keeps the staging's device state open: no excuse.
+    state = (staging / "state").open("wb")
     store = Store.open(h)
     try:
         monkeypatch.setenv(GRACE_ENV, "3600")
@@ -73,6 +75,7 @@ def test_orphans_are_swept_and_work_in_progress_kept(monkeypatch: pytest.MonkeyP
         assert not layer.exists() and not staging.exists() and not session.exists()
     finally:
         held.close()
+        state.close()
         (h.layers / "fedcba9876543210.qcow2").unlink()
         store.close()
 

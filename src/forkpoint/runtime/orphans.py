@@ -9,9 +9,12 @@ them.
 
 An orphan is only taken when it cannot be work in progress: GC holds the ``gc`` lock (an
 image template build holds it too), the file is older than ``FORKPOINT_ORPHAN_GRACE_S``
-(default 600 s; every operation records its files well within that) and no process has
-it open — a VM running on a layer its checkpoint had not recorded yet (the checkpoint
-was killed) keeps it open, and the next checkpoint adopts it.
+(default 600 s; every operation records its files well within that), and a layer file
+is open in no process — a VM running on a layer its checkpoint had not recorded yet (the
+checkpoint was killed) keeps it open, and the next checkpoint adopts it. Directories are
+not held back by open files: a VM whose checkpoint was killed keeps the staging
+directory's device-state file open in its fd set (found by the campaign), and would
+otherwise pin that half checkpoint — RAM copy included — for its whole life.
 """
 
 from __future__ import annotations
@@ -70,11 +73,12 @@ def sweep_orphans(home: Home, store: Store) -> list[str]:
     candidates = [p for p in candidates if _mtime(p) <= oldest]
     if not candidates:
         return []
-    busy = open_paths()
+    layers = [p for p in candidates if p.parent == home.layers]
+    busy = open_paths() if layers else set()
     removed: list[str] = []
     for path in candidates:
-        if any(str(f) == str(path) or str(f).startswith(f"{path}/") for f in busy):
-            continue
+        if str(path) in busy:
+            continue  # a VM writes it: a layer its killed checkpoint had not recorded
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
