@@ -16,6 +16,7 @@ from pathlib import Path
 
 from forkpoint import faults
 from forkpoint.config import Home
+from forkpoint.errors import InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
@@ -89,8 +90,12 @@ class Checkpointer:
                 duration_ms=(time.perf_counter() - started) * 1000, files=described,
             )  # fmt: skip
             await asyncio.to_thread(self._publish, manifest, staging, final)
-        except BaseException:
+        except BaseException as error:
             await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
+            if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
+                raise InternalError(
+                    f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
+                ) from error
             raise
         return await asyncio.to_thread(self._insert, manifest, final)
 

@@ -8,8 +8,8 @@ so the CLI's quick path (``forkpoint ls --json``) uses it alone.
 from __future__ import annotations
 
 from forkpoint.config import Home
-from forkpoint.errors import Conflict
-from forkpoint.models import Checkpoint, CheckpointKind, Session, SessionState
+from forkpoint.errors import Conflict, ForkpointError
+from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import is_running
@@ -41,8 +41,14 @@ class Queries:
         files = self.files(record.id)
         if record.state == SessionState.CREATING:
             pass  # its creator holds the lock while it lives: without it, it died
-        elif record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
+        elif record.state != SessionState.RUNNING:
             return record
+        elif is_running(record.qemu_pid, files.name):
+            if record.network != Network.USER or any(
+                is_running(pid, files.name) for pid in record.aux_pids
+            ):
+                return record
+            return self._restart_network(record, locked=locked)
         if not locked:
             try:
                 with session_lock(self.home, record.id, timeout_s=0):
@@ -53,6 +59,24 @@ class Queries:
 
         kill_session_processes(files, record)  # its passt has nothing left to serve
         return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+
+    def _restart_network(self, record: SessionRecord, *, locked: bool) -> SessionRecord:
+        """Its QEMU runs but its passt died (killed, out of memory): the guest would stay
+        cut off for good (found by the fault campaign). Start a new one, as a port
+        forward does; with the session's lock, like a crash."""
+        if not locked:
+            try:
+                with session_lock(self.home, record.id, timeout_s=0):
+                    return self._refresh(self.store.get_session(record.id), locked=True)
+            except Conflict:
+                return record  # an operation is under way: it decides
+        from .ports import HostPorts  # rare: not loaded for every query
+
+        try:
+            HostPorts(self.home, self.store).restart_network(self.files(record.id), record.id)
+        except ForkpointError:
+            return record  # the next query tries again
+        return self.store.get_session(record.id)
 
     def _require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
         """The running session's record. ``locked``: the caller holds its lock.

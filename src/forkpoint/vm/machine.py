@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from forkpoint import faults
-from forkpoint.errors import QemuError
+from forkpoint.errors import InternalError, QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
@@ -351,7 +352,16 @@ class Machine:
             )
             written_ms = (time.perf_counter() - t_ram) * 1000
             faults.point("checkpoint.pages-copied")
-        except (LookupError, OSError) as error:
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):  # found by the fault campaign
+                raise InternalError(
+                    f"{self.files.name}: checkpoint failed, the disk is full ({error})"
+                ) from error
+            raise QemuError(
+                f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
+                "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
+            ) from error
+        except LookupError as error:
             raise QemuError(
                 f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
                 "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
