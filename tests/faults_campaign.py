@@ -606,6 +606,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.quick:  # every checkpoint point, one random point of each other operation
             campaign.run(ops, walk=False, crashes=0, quick_ops=["checkpoint"], sample=1)
             campaign.damage(["state bytes-flipped", "ram truncated", "manifest.json bytes-flipped"])
+            campaign.during(  # its regression test: a dead passt was never replaced
+                "passt SIGKILL during checkpoint", ["checkpoint", campaign.session],
+                campaign.kill_vm(signal.SIGKILL, "passt"), 0.0,
+            )  # fmt: skip
             campaign.host_restart()
             campaign.disk_full([0.0])
         else:
