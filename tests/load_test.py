@@ -137,9 +137,13 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run(sessions: int, seconds: float, seed: int, memory: int) -> dict[str, Any]:
+async def run(sessions: int, seconds: float, seed: int, memory: int, out: Path) -> dict[str, Any]:
     port = _free_port()
-    server = subprocess.Popen([FORKPOINT, "serve", "--port", str(port)], stderr=subprocess.PIPE)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "server.log", "wb") as log:  # its token goes to stdout: not kept
+        server = subprocess.Popen(
+            [FORKPOINT, "serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log
+        )
     samples: list[tuple[float, int, int]] = []
     try:
         token_file = home().token
@@ -200,8 +204,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--out", type=Path, default=Path("load-out"))
     args = parser.parse_args()
-    report = asyncio.run(run(args.sessions, args.seconds, args.seed, args.memory))
-    args.out.mkdir(parents=True, exist_ok=True)
+    report = asyncio.run(run(args.sessions, args.seconds, args.seed, args.memory, args.out))
     (args.out / "load.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 1 if report["errors"] or report["leaked"] or report["vms_left"] else 0
