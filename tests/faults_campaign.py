@@ -350,6 +350,9 @@ class Campaign:
             started = time.perf_counter()
             row = self.others.setdefault(f"damaged checkpoint: {kind}", Row())
             victim = fpj("checkpoint", self.session)["id"]
+            whole = fp("checkpoint", "verify", victim, "--json")
+            if whole.returncode != 0 or not json.loads(whole.stdout)[0]["ok"]:
+                row.violations.append(f"verify of the whole {victim}: {whole.stdout}")
             target, how = kind.split(" ", 1)
             path = self.home.checkpoints / victim / target
             size = path.stat().st_size
