@@ -19,7 +19,12 @@ import pytest
 from forkpoint.config import Home, home
 from forkpoint.errors import DamagedCheckpoint, InternalError
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.integrity import check_before_restore, describe_files, page_sum
+from forkpoint.runtime.integrity import (
+    SUM_KEY,
+    check_before_restore,
+    describe_files,
+    page_sum,
+)
 from forkpoint.runtime.invariants import check_home
 from forkpoint.runtime.manifest import CheckpointFiles
 from forkpoint.runtime.orphans import GRACE_ENV, sweep_orphans
@@ -105,8 +110,8 @@ def test_page_sum_follows_written_pages(tmp_path: Path) -> None:
             f.write(os.urandom(4096))
     new.state.write_bytes(b"s")
     described = describe_files(new, base.ram, ((4 * 4096, 4096), (7 * 4096, 4096)))
-    assert described["ram"]["page_sum"] == f"{page_sum(new.ram):032x}"
-    assert described["ram"]["page_sum"] != f"{page_sum(base.ram):032x}"
+    assert described["ram"][SUM_KEY] == f"{page_sum(new.ram):032x}"
+    assert described["ram"][SUM_KEY] != f"{page_sum(base.ram):032x}"
 
 
 def test_damaged_files_are_refused(tmp_path: Path) -> None:
