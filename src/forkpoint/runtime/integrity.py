@@ -99,7 +99,7 @@ def _page_terms(fd: int, ranges: list[tuple[int, int]]) -> int:
 
 
 def _data_ranges(fd: int) -> list[tuple[int, int]]:
-    """The file's data extents (holes read as zeros: they add nothing), page-aligned."""
+    """The blocks holding the file's data (holes read as zeros: they add nothing)."""
     size = os.fstat(fd).st_size
     out: list[tuple[int, int]] = []
     offset = 0
@@ -109,10 +109,9 @@ def _data_ranges(fd: int) -> list[tuple[int, int]]:
         except OSError:  # ENXIO: only a hole is left
             break
         end = os.lseek(fd, data, os.SEEK_HOLE)
-        start = data - data % _PAGE
-        out.append((start, -(-end // _PAGE) * _PAGE - start))
+        out.append((data, end - data))
         offset = end
-    return out
+    return _blocks(tuple(out))  # widened to blocks and merged: each block counted once
 
 
 def page_sum(path: Path) -> int:
@@ -135,7 +134,8 @@ def recorded_page_sum(ram: Path) -> int | None:
 
 
 def _blocks(written: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    """``written`` (page runs) widened to whole blocks, merged."""
+    """Byte ranges widened to whole blocks, merged (a block two ranges touch counts once:
+    found by the campaign's verify of a whole checkpoint)."""
     out: list[tuple[int, int]] = []
     for start, length in sorted(written):
         lo, hi = start - start % _PAGE, -(-(start + length) // _PAGE) * _PAGE
