@@ -95,10 +95,13 @@ def pytest_runtest_makereport(
 
 
 def _remove_all_test_sessions() -> None:
-    """Idle TCG guests still burn CPU: never let a failed test's VMs slow the rest."""
+    """Idle TCG guests still burn CPU: never let a failed test's VMs slow the rest. And
+    the checkpoints tests made (not the templates, the cache that keeps runs fast): a
+    test home reused run after run would otherwise grow by gigabytes each time."""
     import asyncio
 
     from forkpoint.errors import ForkpointError
+    from forkpoint.models import CheckpointKind
     from forkpoint.runtime import Runtime
 
     if not home().db.exists():
@@ -110,6 +113,17 @@ def _remove_all_test_sessions() -> None:
                 asyncio.run(rt.remove(leftover.id))
             except ForkpointError:
                 pass
+        for _ in range(20):  # children before parents: a checkpoint in use is kept
+            made = [c for c in rt.list_checkpoints() if c.kind == CheckpointKind.USER]
+            removed = 0
+            for checkpoint in made:
+                try:
+                    asyncio.run(rt.remove_checkpoint(checkpoint.id))
+                    removed += 1
+                except ForkpointError:
+                    pass
+            if not removed:
+                break
     finally:
         rt.close()
 

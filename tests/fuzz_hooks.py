@@ -1,7 +1,11 @@
 """schemathesis hooks for ``test_api_fuzz.py`` (loaded through ``SCHEMATHESIS_HOOKS``).
 
+Every other generated create keeps a short history (``history``, ``history_keep``: 2
+checkpoints) unless the fuzzer chose itself: a link can carry an id, not a body field, so
+this is how ``history`` and ``undo`` meet sessions that have steps.
+
 Two failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
-the hooks can see:
+the hooks can see (and pushes are pointed at the test's S3 server, see ``map_body``):
 
 A session created (or given) a ``timeout_s`` is removed when it expires, as asked; a 404
 for it afterwards is not ``ensure_resource_availability``'s "created resource not found".
@@ -14,12 +18,18 @@ with 200 after that very file was removed still fails the run.
 
 from __future__ import annotations
 
+import os
+import re
+from itertools import count
 from typing import Any
 
 import schemathesis
 
+from forkpoint.requests import PushRequest
+
 _removed: dict[str, str] = {}  # case id of a DELETE .../files -> the path it removed
 _expiring: set[str] = set()  # sessions made or set to expire
+_creates = count()
 
 
 def _guest_path(case: Any) -> str | None:
@@ -61,3 +71,36 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
         return True
     removed = _removed.get(str(failure.deleted_case_id))
     return removed is None or removed == _guest_path(case)
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    operation = context.operation
+    if operation is None or not isinstance(body, dict):
+        return body
+    if (operation.method.upper(), operation.path) == ("POST", "/v1/sessions"):
+        return _with_history(body)
+    if str(operation.path).endswith("/push"):
+        return _to_test_bucket(body)
+    return body
+
+
+def _with_history(body: dict[str, Any]) -> dict[str, Any]:
+    """Every other create keeps a 2-step history, unless the fuzzer chose itself."""
+    if "history" not in body and next(_creates) % 2:
+        return {**body, "history": True, "history_keep": 2}
+    return body
+
+
+def _to_test_bucket(body: dict[str, Any]) -> dict[str, Any]:
+    """A push goes to the test's S3 server (``$FORKPOINT_FUZZ_S3``), the only bucket that
+    exists: a generated ``s3://`` URL names one that does not (404), and push would never
+    answer 2xx. Pulls keep theirs (a link carries a push's digest and location)."""
+    target = os.environ.get("FORKPOINT_FUZZ_S3")
+    # Only a valid URL is replaced: a negative case must stay invalid (ST201).
+    if target and isinstance(body.get("to"), str) and re.fullmatch(_S3_URL, body["to"]):
+        return {**body, "to": target}
+    return body
+
+
+_S3_URL = PushRequest.model_json_schema()["properties"]["to"]["pattern"]

@@ -34,6 +34,7 @@ from forkpoint.protocol import ErrorCode, ErrorInfo, Op
 from forkpoint.runtime.hostfit import check_host_fits, host_memory_mib
 from forkpoint.sdk._client import ApiClient
 from forkpoint.server import create_app
+from forkpoint.server.admission import Admission
 
 SESSION = Session(
     id="s-0123456789", name=None, image="default", state=SessionState.RUNNING,
@@ -172,6 +173,23 @@ async def test_heavy_operations_at_once_are_capped() -> None:
         assert busy.json()["error"]["retry_after_s"] == 1.0
         # Slots are freed when operations end.
         assert (await client.post("/v1/sessions", json={})).status_code == 201
+
+
+@sync
+async def test_scratch_forks_count_as_sessions_but_take_no_heavy_slot() -> None:
+    """A diff's or preview's scratch forks: against the session cap while it runs, never
+    holding up a create or fork for a slot."""
+    admission = Admission(ApiLimits(max_sessions=3, max_heavy=1), lambda: 1)
+    diff = await admission.admit(2, heavy=False)
+    with pytest.raises(Busy, match="3 sessions are running or starting"):
+        await admission.admit(1)
+    checkpoint = await admission.admit(0)  # the one heavy slot is free
+    diff.release()
+    preview = await admission.admit(1, heavy=False)
+    assert admission.heavy_running == 1
+    checkpoint.release()
+    preview.release()
+    assert admission.heavy_running == 0
 
 
 @sync

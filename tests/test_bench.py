@@ -174,6 +174,12 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     assert set(result["cli"]) == {"ls", "show", "exec"}
     assert result["cli"]["ls"]["target_ms"] == 120 and result["cli"]["ls"]["n"] >= 1
     assert "## CLI overhead" in (tmp_path / "bench.md").read_text()
+    for label in ("fresh", "child"):  # push/pull (localbucket: a development dependency)
+        row = result["portable"][label]
+        assert row["push_bytes"] > 0 and row["pull_bytes"] == row["push_bytes"], row
+        assert row["push_ms"] > 0 and row["pull_ms"] > 0, row
+    assert result["portable"]["child"]["push_bytes"] < result["portable"]["fresh"]["push_bytes"]
+    assert "## Push and pull" in (tmp_path / "bench.md").read_text()
     # The one-minute promise, held on a quiet host (a loaded one slows TCG guests).
     if quiet_host:
         assert wall < 60, f"quick bench took {wall:.0f} s"

@@ -7,6 +7,7 @@ process (same PID, in-memory count continuing) and to files across the operation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,13 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from forkpoint.errors import Conflict, IncompatibleCheckpoint, QemuError
+from forkpoint.errors import (
+    Conflict,
+    IncompatibleCheckpoint,
+    NotFound,
+    QemuError,
+    UnknownCheckpoint,
+)
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import new_layer_name
@@ -164,6 +171,30 @@ def test_rollback_brings_back_files_and_the_killed_process(rt: Runtime, parent: 
     run(scenario())
 
 
+def test_rolling_back_to_an_unknown_checkpoint_names_it(rt: Runtime, parent: Session) -> None:
+    """The session exists, the checkpoint in the request does not: a NotFound that REST
+    answers with 409, not the 404 that would say the session is gone (found by fuzzing)."""
+    for call in (rt.rollback, rt.rollback_preview):
+        with pytest.raises(UnknownCheckpoint, match="unknown checkpoint: c-0000000000") as caught:
+            run(call(parent.id, "c-0000000000"))
+        assert isinstance(caught.value, NotFound) and caught.value.http_status == 409
+    assert rt.get(parent.id).state == "running"
+
+
+def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:
+    """No periodic 250 Hz tick while idle (the CPU has ARAT): a sleeping guest takes far
+    fewer local timer interrupts than 250 a second."""
+    script = (
+        "grep -c 'nohz_mode *: [12]' /proc/timer_list; "
+        "a=$(awk '/LOC:/{print $2}' /proc/interrupts); sleep 4; "
+        "b=$(awk '/LOC:/{print $2}' /proc/interrupts); echo $((b - a))"
+    )
+    result = run(rt.exec(parent.id, ["sh", "-c", script]))
+    nohz_cpus, interrupts = (int(n) for n in result.stdout.split())
+    assert nohz_cpus >= 1, result.stdout
+    assert interrupts < 4 * 100, f"{interrupts} local timer interrupts in 4 s"
+
+
 def test_chains_five_levels_deep(rt: Runtime, parent: Session) -> None:
     """checkpoint a fork, fork the fork, roll back a fork, checkpoint a rolled-back one."""
 
@@ -234,6 +265,33 @@ def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, end
         finally:
             await rt.remove(session.id)
         await rt.remove_checkpoint(ck.id)
+
+    run(scenario())
+
+
+def test_a_command_cut_short_by_a_rollback_or_rm_is_a_conflict_not_an_agent_error(
+    rt: Runtime,
+) -> None:
+    """The fuzzer's 500: a file write racing a rollback lost its agent. The caller raced
+    the rollback (409) or the rm (404); forkpoint did not fail."""
+
+    async def scenario() -> None:
+        session = await rt.create()
+        try:
+            await rt.checkpoint(session.id)
+            running = asyncio.create_task(rt.exec(session.id, "sleep 60"))
+            await asyncio.sleep(1)  # the command is in the guest
+            await rt.rollback(session.id)
+            with pytest.raises(Conflict, match="rolled back while the request ran"):
+                await running
+            running = asyncio.create_task(rt.exec(session.id, "sleep 60"))
+            await asyncio.sleep(1)
+            await rt.remove(session.id)
+            with pytest.raises(NotFound, match="removed while the request ran"):
+                await running
+        finally:
+            with contextlib.suppress(NotFound):
+                await rt.remove(session.id)
 
     run(scenario())
 

@@ -3,19 +3,16 @@ the server's reaper run, and the disk use sessions and checkpoints report."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from cli_run import FORKPOINT, cli, cli_json, remove_sessions
 from forkpoint.config import Home, home
 from forkpoint.runtime.queries import Queries
 from forkpoint.runtime.upkeep import expires_after, upkeep
@@ -67,17 +64,6 @@ def test_upkeep_removes_expired_sessions_and_trims_logs(queries: Queries) -> Non
 # -- with real VMs ---------------------------------------------------------------------------
 
 
-def _cli(*args: str) -> Any:
-    done = subprocess.run(
-        [sys.executable, "-m", "forkpoint.cli.app", *args],
-        capture_output=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    return json.loads(done.stdout) if "--json" in args else done.stdout.decode()
-
-
 def _qemu_pid(session_id: str) -> int:
     with Store.open(home()) as store:
         pid = store.get_session(session_id).qemu_pid
@@ -85,51 +71,55 @@ def _qemu_pid(session_id: str) -> int:
     return pid
 
 
+def _listed(command: str) -> set[str]:
+    return {item["id"] for item in cli_json(command)}
+
+
 @pytest.mark.vm
 def test_disk_use_and_timeout_through_the_cli() -> None:
-    s = _cli("create", "--timeout", "600", "--json")
+    s = cli_json("create", "--timeout", "600")
     try:
         assert s["expires_at"] > s["created_at"] and 0 < s["disk_bytes"] < 8 << 20
-        assert "expires" in _cli("show", s["id"]) and "used on the host" in _cli("show", s["id"])
-        _cli("exec", s["id"], "--", "sh", "-c", "head -c 33554432 /dev/urandom > /big; sync")
-        grown = _cli("show", s["id"], "--json")["disk_bytes"]
+        shown = cli("show", s["id"]).stdout.decode()
+        assert "expires" in shown and "used on the host" in shown
+        cli("exec", s["id"], "--", "sh", "-c", "head -c 33554432 /dev/urandom > /big; sync")
+        grown = cli_json("show", s["id"])["disk_bytes"]
         assert grown - s["disk_bytes"] >= 32 << 20
-        checkpoint = _cli("checkpoint", s["id"], "--json")
-        (listed,) = [c for c in _cli("checkpoints", "--json") if c["id"] == checkpoint["id"]]
+        checkpoint = cli_json("checkpoint", s["id"])
+        (listed,) = [c for c in cli_json("checkpoints") if c["id"] == checkpoint["id"]]
         assert listed["disk_bytes"] >= max(checkpoint["size_bytes"], 32 << 20)
         # The data moved to the checkpoint's frozen layer; the session's own top is new.
-        assert _cli("ls", "--json")[0]["disk_bytes"] < 8 << 20
+        assert cli_json("show", s["id"])["disk_bytes"] < 8 << 20
         box = Sandbox.connect(s["id"])  # embedded: the REST app in this process
         try:
             box.set_timeout(120)  # REST POST /v1/sessions/{id}/timeout
             assert box.info.expires_at is not None and box.info.expires_at < s["expires_at"]
         finally:
             box.close()
-        never = _cli("timeout", s["id"], "0", "--json")
+        never = cli_json("timeout", s["id"], "0")
         assert never["expires_at"] is None
         pid = _qemu_pid(s["id"])
-        _cli("timeout", s["id"], "1")
+        cli("timeout", s["id"], "1")
         time.sleep(1.5)
-        assert _cli("ls", "--json") == []  # every CLI call removes expired sessions
+        assert s["id"] not in _listed("ls")  # every CLI call removes expired sessions
         assert not is_running(pid, f"forkpoint-{s['id']}")
-        assert checkpoint["id"] in {c["id"] for c in _cli("checkpoints", "--json")}  # kept
+        assert checkpoint["id"] in _listed("checkpoints")  # kept
     finally:
-        subprocess.run([sys.executable, "-m", "forkpoint.cli.app", "rm", s["id"]], timeout=120)
+        remove_sessions(s["id"])
 
 
 @pytest.mark.vm
 def test_the_server_reaper_removes_an_expired_session(tmp_path: Path) -> None:
     server = subprocess.Popen(
-        [sys.executable, "-m", "forkpoint.cli.app", "serve", "--socket", str(tmp_path / "s")],
-        stderr=subprocess.DEVNULL,
+        [*FORKPOINT, "serve", "--socket", str(tmp_path / "s")], stderr=subprocess.DEVNULL
     )
     try:
-        s = _cli("create", "--timeout", "3", "--json")
+        s = cli_json("create", "--timeout", "3")
         pid = _qemu_pid(s["id"])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with Store.open(home()) as store:  # the store alone: no upkeep of our own
-                if not store.list_sessions():
+                if s["id"] not in {r.id for r in store.list_sessions()}:
                     break
             time.sleep(0.5)
         else:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from cli_run import cli, cli_json, remove_sessions
 from forkpoint.config import home
 from forkpoint.vm.console import SERIAL_RING_BYTES
 from forkpoint.vm.logcap import LOG_CAP_BYTES, trim_log
@@ -37,35 +35,24 @@ def test_trim_keeps_the_newest_half_while_a_writer_appends(tmp_path: Path) -> No
     assert not trim_log(tmp_path / "missing.log")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-    done = subprocess.run(
-        [sys.executable, "-m", "forkpoint.cli.app", *args],
-        capture_output=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    return done
-
-
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
 @pytest.mark.vm
 def test_a_guest_flooding_its_console_stays_under_the_cap() -> None:
-    session = json.loads(_cli("create", "--json").stdout)["id"]
+    session = cli_json("create")["id"]
     directory = home().sessions / session
     try:
         flood = f'n=0; while :; do n=$((n+1)); echo "flood $n {"x" * 80}"; done > /dev/ttyS0'
-        _cli("exec", session, "--background", "--", "sh", "-c", flood)
+        cli("exec", session, "--background", "--", "sh", "-c", flood)
         sizes = []
         for _ in range(5):
             time.sleep(4)
             # The console is a ring inside QEMU: nothing reaches the host's disk ...
             assert _size(directory / "serial.log") <= LOG_CAP_BYTES
             # ... until forkpoint drains it, and then at most the cap.
-            tail = _cli("console", session, "--bytes", "4096").stdout
+            tail = cli("console", session, "--bytes", "4096").stdout
             sizes.append(_size(directory / "serial.log"))
         last = [n for n in tail.split(b"\n") if n.startswith(b"flood ")][-1]
         printed = int(last.split()[1]) * 88  # each line is longer than 88 bytes
@@ -75,4 +62,4 @@ def test_a_guest_flooding_its_console_stays_under_the_cap() -> None:
         assert usage <= 2 * LOG_CAP_BYTES, f"the session's files use {usage} bytes"
         print(f"guest printed {printed} bytes in 20 s; serial.log sizes {sizes}")
     finally:
-        subprocess.run([sys.executable, "-m", "forkpoint.cli.app", "rm", session], timeout=120)
+        remove_sessions(session)

@@ -39,6 +39,11 @@ class Home:
         return self.root / "layers"
 
     @property
+    def portable(self) -> Path:
+        """Push/pull bookkeeping: which checkpoint has which portable digest, scratch."""
+        return self.root / "portable"
+
+    @property
     def db(self) -> Path:
         return self.root / "forkpoint.db"
 

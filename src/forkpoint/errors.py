@@ -9,12 +9,15 @@
     │   │                           was meant, permission denied, directory not empty, …)
     │   └── Unsatisfiable           HTTP 409: what exists cannot do it (disk below the image's)
     ├── NotFound                    exit 3, HTTP 404  the id does not exist
-    │   └── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
+    │   ├── CommandNotFound         HTTP 409: the session exists, the command (or cwd) not
+    │   └── UnknownCheckpoint       HTTP 409: the session exists, the checkpoint its request
+    │                               names (to roll back to) not
     ├── Conflict                    exit 4, HTTP 409  wrong state for this operation
     │   ├── InUse                   something still depends on it
     │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
     │   │   └── LimitExceeded       a host limit (free disk reserve, session count) says no
-    │   └── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
+    │   ├── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
+    │   └── CorruptCheckpoint       a stored checkpoint's bytes do not match their digest
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
         ├── QemuError               carries ``log_tail`` from QEMU's own log
@@ -43,6 +46,7 @@ __all__ = [
     "CommandTimeout",
     "CommandNotFound",
     "Conflict",
+    "CorruptCheckpoint",
     "DamagedCheckpoint",
     "ForkpointError",
     "GuestRefused",
@@ -54,6 +58,7 @@ __all__ = [
     "LimitExceeded",
     "NotFound",
     "QemuError",
+    "UnknownCheckpoint",
     "UnknownPackage",
     "Unsatisfiable",
     "code_for_status",
@@ -146,6 +151,14 @@ class CommandNotFound(NotFound):
     http_status = 409
 
 
+class UnknownCheckpoint(NotFound):
+    """The checkpoint a request on a session names in its body (a rollback's target) does
+    not exist. HTTP 409 like :class:`CommandNotFound`: the URL's session does."""
+
+    code = "unknown_checkpoint"
+    http_status = 409
+
+
 class Conflict(ForkpointError):
     code = "conflict"
     exit_code = 4
@@ -187,6 +200,10 @@ class DamagedCheckpoint(IncompatibleCheckpoint):
     """A checkpoint's files are not what was written (truncated, changed, missing)."""
 
     code = "damaged_checkpoint"
+
+
+class CorruptCheckpoint(Conflict):
+    code = "corrupt_checkpoint"
 
 
 class CommandTimeout(ForkpointError):

@@ -294,6 +294,35 @@ class ForkRequest(_Request):
     count: ForkCount = 1
 
 
+S3Url = Annotated[
+    str,
+    StringConstraints(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\x00]{0,900})?$"),
+    Field(description="s3://BUCKET or s3://BUCKET/PREFIX."),
+]
+# What a pushed checkpoint is known by: its digest, or a ref (an id or a name).
+PortableRef = Annotated[
+    str,
+    StringConstraints(pattern=r"^(sha256:)?[0-9a-f]{64}$|" + NAME_PATTERN),
+    Field(description="sha256:<digest>, or the id or name it was pushed under."),
+]
+
+
+class PushRequest(_Request):
+    """Upload the checkpoint to ``to``. Endpoint and credentials are the server's own (its
+    AWS variables): a client cannot point the server at another host."""
+
+    to: S3Url
+
+
+class PullRequest(_Request):
+    """Download checkpoint ``ref`` from ``from`` into this home."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    ref: PortableRef
+    source: S3Url = Field(alias="from")
+
+
 class RollbackRequest(_Request):
     checkpoint: Ref | None = None
 

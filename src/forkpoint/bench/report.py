@@ -96,6 +96,7 @@ def build_result(
     cli: Mapping[str, Summary] | None = None,
     e2b: Mapping[str, Summary] | None = None,
     history: Mapping[str, Any] | None = None,
+    portable: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble ``bench.json`` and judge every operation against its target."""
     op_out: dict[str, Any] = {}
@@ -135,6 +136,8 @@ def build_result(
         warm = history.get("diff_10k_warm")
         if warm:
             result["history"]["meets_target"] = warm["p50_ms"] <= history["diff_target_ms"]
+    if portable:
+        result["portable"] = dict(portable)
     if wall_s is not None:
         result["wall_s"] = round(wall_s, 1)
     return result
@@ -234,6 +237,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     lines += _cli_lines(result.get("cli", {}))
     lines += _e2b_lines(result.get("e2b", {}))
     lines += _history_lines(result.get("history", {}))
+    lines += _portable_lines(result.get("portable", {}))
     memory = result["memory"]
     total = memory.get("fork20_total_mib")
     lines += ["", "## Memory", ""]
@@ -286,6 +290,32 @@ def _history_lines(history: Mapping[str, Any]) -> list[str]:
         f"A history step costs ≈ {_ms(history['step_ms'])} (its checkpoint) and "
         f"{history['step_bytes'] / 2**20:.0f} MiB of disk (the checkpoint's RAM file).",
     ]
+
+
+def _portable_lines(portable: Mapping[str, Any]) -> list[str]:
+    if not portable:
+        return []
+    lines = [
+        "",
+        "## Push and pull",
+        "",
+        f"To and from an S3-compatible store ({portable['store']}, on this host). *fresh*: "
+        "a new session's first checkpoint into an empty store (its lineage, the image "
+        "template, goes too) and into an empty home; *child*: a second checkpoint of that "
+        "session after the guest wrote 4 MiB (only the pages that differ from its parent's, "
+        "and its new disk layer).",
+        "",
+        "| checkpoint | push | pushed | pull | pulled |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label in ("fresh", "child"):
+        row = portable.get(label)
+        if row:
+            lines.append(
+                f"| {label} | {_ms(row['push_ms'])} | {row['push_bytes'] / 2**20:.1f} MiB | "
+                f"{_ms(row['pull_ms'])} | {row['pull_bytes'] / 2**20:.1f} MiB |"
+            )
+    return lines
 
 
 def _e2b_lines(e2b: Mapping[str, Any]) -> list[str]:

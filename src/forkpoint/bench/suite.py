@@ -32,6 +32,7 @@ from forkpoint.vm import BootFiles, MachineShape, detect_accel
 from .baselines import Baselines
 from .e2b import measure_e2b
 from .history import measure_history
+from .portable import measure_portable
 from .report import build_result
 from .stats import Summary, summarize
 
@@ -201,6 +202,7 @@ class Suite:
             if plan.history_reps
             else None
         )
+        portable = await measure_portable(self.runtime, self._scratch / "portable", self.log)
 
         baselines = await self._baselines(shape, boot, image, checkpoint.id)
         await self._remove_sessions([server])
@@ -222,6 +224,7 @@ class Suite:
             cli=cli,
             e2b=e2b,
             history=history,
+            portable=portable,
         )
         return result
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -42,22 +45,59 @@ def register(app: typer.Typer) -> None:
 def checkpoint_command(
     target: Annotated[
         str,
-        typer.Argument(metavar="SESSION|rm|verify", help="Session id or name, `rm` or `verify`."),
+        typer.Argument(
+            metavar="SESSION|rm|verify|export|import|push|pull",
+            help="Session id or name, or `rm`, `verify`, `export`, `import`, `push`, `pull`.",
+        ),
     ],
     ids: Annotated[
         list[str] | None,
-        typer.Argument(metavar="ID", help="With `rm`/`verify`: the checkpoints."),
+        typer.Argument(
+            metavar="ID",
+            help="With `rm`/`verify`: the checkpoints; with the others: the checkpoint, "
+            "archive or ref.",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="A name for the checkpoint.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="With `export`: the archive to write.")
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="With `push`: s3://BUCKET/PREFIX.")] = None,
+    source: Annotated[
+        str | None, typer.Option("--from", help="With `pull`: s3://BUCKET/PREFIX.")
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint", help="With push/pull: the S3 endpoint URL (default: $AWS_ENDPOINT_URL)."
+        ),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Checkpoint a session, or delete checkpoints.
+    """Checkpoint a session, delete checkpoints, or move them between hosts.
 
     \b
-    forkpoint checkpoint SESSION [--name N]   checkpoint a running session
-    forkpoint checkpoint rm ID...             delete checkpoints
-    forkpoint checkpoint verify ID...         hash every file against its manifest
+    forkpoint checkpoint SESSION [--name N]        checkpoint a running session
+    forkpoint checkpoint rm ID...                  delete checkpoints
+    forkpoint checkpoint verify ID...              hash every file against its manifest
+    forkpoint checkpoint export CK -o FILE         CK and its lineage in one archive
+    forkpoint checkpoint import FILE               a checkpoint from such an archive
+    forkpoint checkpoint push CK --to s3://B/P     upload (only what the bucket lacks)
+    forkpoint checkpoint pull REF --from s3://B/P  download (REF: digest, id or name)
+
+    Push and pull take credentials from the usual AWS variables (AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...). A pull this host cannot restore is
+    refused (exit 4) before any RAM is downloaded; a corrupt object fails it (exit 4)
+    and nothing is imported.
     """
+    if target in _TRANSFERS:
+        _transfer(target, ids or [], name=name, output=output, to=to, source=source,
+                  endpoint=endpoint, as_json=as_json)  # fmt: skip
+        return
+    for option, value in (("-o", output), ("--to", to), ("--from", source),
+                          ("--endpoint", endpoint)):  # fmt: skip
+        if value is not None:
+            raise InvalidInput(f"{option} applies only to checkpoint export/push/pull")
     if target == "verify":
         if not ids or name is not None:
             raise InvalidInput("checkpoint verify needs checkpoint IDs (and no --name)")
@@ -90,6 +130,76 @@ def checkpoint_command(
         f"[dim](paused {format_ms(checkpoint.pause_ms)}, {format_bytes(checkpoint.size_bytes)})[/]",
         highlight=False,
     )
+
+
+_TRANSFERS = ("export", "import", "push", "pull")
+
+
+def _transfer(
+    verb: str, args: list[str], *, name: str | None, output: Path | None, to: str | None,
+    source: str | None, endpoint: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    from forkpoint.models import CheckpointTransfer
+
+    if len(args) != 1:
+        what = "FILE" if verb == "import" else "REF" if verb == "pull" else "CHECKPOINT"
+        raise InvalidInput(f"checkpoint {verb} takes one {what}")
+    wanted = {"export": ("-o", output), "push": ("--to", to), "pull": ("--from", source)}
+    if verb in wanted and wanted[verb][1] is None:
+        raise InvalidInput(f"checkpoint {verb} needs {wanted[verb][0]}")
+    given = {"-o": output, "--to": to, "--from": source, "--name": name}
+    allowed = {wanted[verb][0]} if verb in wanted else set()
+    if endpoint is not None and verb not in ("push", "pull"):
+        raise InvalidInput(f"--endpoint does not apply to checkpoint {verb}")
+    for option, value in given.items():
+        if value is not None and option not in allowed:
+            raise InvalidInput(f"{option} does not apply to checkpoint {verb}")
+    subject = args[0]
+
+    with _progress(f"{verb} {subject}…", enabled=True) as progress:
+
+        async def op(runtime: Runtime) -> CheckpointTransfer:
+            if verb == "export":
+                assert output is not None
+                return await runtime.export_checkpoint(subject, output, progress=progress)
+            if verb == "import":
+                return await runtime.import_checkpoint(Path(subject), progress=progress)
+            if verb == "push":
+                assert to is not None
+                return await runtime.push_checkpoint(
+                    subject, to, endpoint=endpoint, progress=progress
+                )
+            assert source is not None
+            return await runtime.pull_checkpoint(
+                subject, source, endpoint=endpoint, progress=progress
+            )
+
+        result = run(op)
+    if as_json:
+        emit_json(result)
+        return
+    moved = (
+        f"sent {format_bytes(result.sent_bytes)} in {result.sent_objects} objects, "
+        f"{result.skipped_objects} already there"
+        if verb in ("push", "export")
+        else f"received {format_bytes(result.received_bytes)} in {result.received_objects} objects"
+    )
+    console.print(
+        f"[bold green]{verb}[/] {describe_checkpoint(result.checkpoint)} "
+        f"{'to' if verb in ('push', 'export') else 'from'} {escape(result.location)} in "
+        f"{format_ms(result.duration_ms)} [dim]({moved})[/]\n  digest {result.digest}",
+        highlight=False,
+    )
+
+
+@contextmanager
+def _progress(message: str, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr (terminals only) that the operation's steps update."""
+    if not enabled or not err_console.is_terminal:
+        yield lambda _: None
+        return
+    with err_console.status(message) as status:
+        yield lambda step: status.update(escape(step))
 
 
 def _remove_checkpoints(ids: list[str], as_json: bool) -> None:

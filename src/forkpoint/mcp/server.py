@@ -23,6 +23,7 @@ from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
+    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     HistoryStep,
@@ -52,6 +53,8 @@ TOOL_NAMES = (
     "diff",
     "history",
     "undo",
+    "push_checkpoint",
+    "pull_checkpoint",
 )
 _INSTRUCTIONS = (
     "forkpoint runs each session as a microVM that can be checkpointed, forked and rolled "
@@ -209,6 +212,20 @@ def build_server(runtime: Runtime) -> MCPServer:
         return {"sessions": await asyncio.to_thread(runtime.list_sessions)}
 
     @_tool_errors
+    async def push_checkpoint(checkpoint: str, to: str) -> CheckpointTransfer:
+        """Upload a checkpoint to s3://BUCKET/PREFIX (only what the bucket lacks of its
+        lineage); its id and name become refs to its content digest. Endpoint and
+        credentials: forkpoint's own AWS variables."""
+        return await runtime.push_checkpoint(checkpoint, to)
+
+    @_tool_errors
+    async def pull_checkpoint(ref: str, source: str) -> CheckpointTransfer:
+        """Download checkpoint ``ref`` (sha256:<digest>, or the id or name it was pushed
+        under) from s3://BUCKET/PREFIX ``source``, verified; then fork it. Refused if this
+        host cannot restore it."""
+        return await runtime.pull_checkpoint(ref, source)
+
+    @_tool_errors
     async def remove_session(session: str) -> dict[str, Any]:
         """Destroy a session (its VM and files). Its checkpoints stay."""
         await runtime.remove(session)
@@ -216,7 +233,8 @@ def build_server(runtime: Runtime) -> MCPServer:
 
     for fn in (
         create_session, exec, read_file, write_file, forward_port, checkpoint, fork,
-        rollback, list_sessions, remove_session, diff, history, undo,
+        rollback, list_sessions, remove_session, diff, history, undo, push_checkpoint,
+        pull_checkpoint,
     ):  # fmt: skip
         server.add_tool(fn)
     return server

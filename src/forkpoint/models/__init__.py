@@ -8,11 +8,11 @@ parses its responses into them. Guest-side values that cross the agent protocol 
 request bodies, with these limits as validation rules, are :mod:`forkpoint.requests`.
 
 Commands and processes are in ``models/commands.py``, wire-only values (errors, health) in
-``models/wire.py``; all are imported from here, and load on first use. Frozen
-standard-library dataclasses, not pydantic models, on purpose: importing this package costs
-next to nothing, so ``forkpoint ls --json`` stays fast (pydantic alone takes longer to
-import than the whole command may). pydantic validates and serialises these dataclasses
-wherever it is already loaded (REST, SDK, MCP).
+``models/wire.py``, checkpoint transfers in ``models/portable.py``; all are imported from
+here, and load on first use. Frozen standard-library dataclasses, not pydantic models, on
+purpose: importing this package costs next to nothing, so ``forkpoint ls --json`` stays
+fast (pydantic alone takes longer to import than the whole command may). pydantic
+validates and serialises these dataclasses wherever it is already loaded (REST, SDK, MCP).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         ProcessChange,
         StateDiff,
     )
+    from forkpoint.models.portable import CheckpointTransfer, TransferKind
     from forkpoint.models.wire import (
         ErrorDetail,
         ErrorResponse,
@@ -67,6 +68,8 @@ _LAZY = {
     "PortChange": ("forkpoint.models.history", "PortChange"),
     "ProcessChange": ("forkpoint.models.history", "ProcessChange"),
     "StateDiff": ("forkpoint.models.history", "StateDiff"),
+    "CheckpointTransfer": ("forkpoint.models.portable", "CheckpointTransfer"),
+    "TransferKind": ("forkpoint.models.portable", "TransferKind"),
     "Operation": ("forkpoint.models.wire", "Operation"),
     "OperationKind": ("forkpoint.models.wire", "OperationKind"),
     "OperationState": ("forkpoint.models.wire", "OperationState"),
@@ -96,6 +99,7 @@ __all__ = [
     "BackgroundProcess",
     "Checkpoint",
     "CheckpointKind",
+    "CheckpointTransfer",
     "CommandResult",
     "ErrorDetail",
     "ErrorResponse",
@@ -120,6 +124,7 @@ __all__ = [
     "SessionState",
     "StateDiff",
     "TrackedProcess",
+    "TransferKind",
     "to_json_data",
 ]
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from forkpoint import faults
 from forkpoint.config import Home
-from forkpoint.errors import InternalError
+from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
 from forkpoint.vm import Machine, MachineShape, qemu_build
+from forkpoint.vm.host import host_facts, host_tsc_khz
 from forkpoint.vm.shape import ARGV_LAYOUT_VERSION
 
 from .integrity import describe_files
@@ -87,7 +88,8 @@ class Checkpointer:
                 qemu_version=qemu_build().version, image=origin.image.name,
                 image_hash=origin.image.hash, disk_layer=layer,
                 parent_checkpoint=origin.parent, ports=origin.guest_ports, stats=stats,
-                duration_ms=(time.perf_counter() - started) * 1000, files=described,
+                duration_ms=(time.perf_counter() - started) * 1000,
+                host=await asyncio.to_thread(self._host_facts, origin), files=described,
             )  # fmt: skip
             await asyncio.to_thread(self._publish, manifest, staging, final)
         except BaseException as error:
@@ -98,6 +100,19 @@ class Checkpointer:
                 ) from error
             raise
         return await asyncio.to_thread(self._insert, manifest, final)
+
+    def _host_facts(self, origin: CheckpointOrigin) -> dict[str, object]:
+        # The guest kernel read its TSC rate once, at the cold boot that began its
+        # lineage: a checkpoint of a restored VM keeps its parent's, wherever it runs now.
+        tsc_khz = host_tsc_khz()
+        if origin.parent is not None:
+            try:
+                inherited = Manifest.load(self.files(origin.parent)).host.get("tsc_khz")
+            except ForkpointError:
+                inherited = None
+            if isinstance(inherited, int):
+                tsc_khz = inherited
+        return host_facts(origin.shape.accel, tsc_khz)
 
     def _record_new_top(self, origin: CheckpointOrigin, frozen: str, new_top: str) -> None:
         if not (self.home.layers / new_top).exists():

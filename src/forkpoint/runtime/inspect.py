@@ -62,6 +62,14 @@ def _resolve(runtime: Runtime, a: str, b: str | None) -> tuple[_Ref, _Ref]:
     return _Ref(target.id, True), first
 
 
+def scratch_forks(runtime: Runtime, a: str, b: str | None) -> int:
+    """How many short-lived forks ``diff(a, b)`` may boot: one per checkpoint side.
+
+    :raises NotFound: :raises Conflict: as :func:`diff_states`.
+    """
+    return sum(side.checkpoint for side in _resolve(runtime, a, b))
+
+
 class _Side:
     """One state to scan and read files from: a running session, or a fork of a
     checkpoint made on first need and removed at the end."""

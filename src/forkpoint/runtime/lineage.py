@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forkpoint.errors import Conflict, NotFound
+from forkpoint.errors import Conflict, NotFound, UnknownCheckpoint
 from forkpoint.store import CheckpointRecord, SessionRecord, Store
 
 __all__ = ["lineage", "rollback_target"]
@@ -29,7 +29,7 @@ def rollback_target(
     """The checkpoint to roll the session back to; default: its latest own checkpoint,
     else the one it started from.
 
-    :raises NotFound: no such checkpoint; :raises Conflict: it is not in the session's
+    :raises UnknownCheckpoint: no such checkpoint; :raises Conflict: it is not in the session's
         lineage, or the session has none.
     """
     if checkpoint is None:
@@ -38,7 +38,10 @@ def rollback_target(
         if latest is None:
             raise Conflict(f"session {record.id} has no checkpoint to roll back to")
         return store.get_checkpoint(latest)
-    target = store.get_checkpoint(checkpoint)
+    try:
+        target = store.get_checkpoint(checkpoint)
+    except NotFound as error:
+        raise UnknownCheckpoint(str(error)) from error
     if target.id not in lineage(store, record):
         raise Conflict(
             f"checkpoint {target.id} is not in the lineage of session {record.id}; "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +85,11 @@ class Manifest:
     ports: tuple[int, ...]
     stats: CheckpointStats
     duration_ms: float
-    #: ``{"state"|"ram": {"size", "sha256"[, "ctime_ns"]}}`` (see ``integrity``); None for
-    #: a checkpoint written before checkpoints recorded their files.
+    #: What a host must match to restore it beyond ``shape`` (``vm.host.host_facts``:
+    #: accel, TSC rate under TCG, CPU and kernel under KVM); empty in older checkpoints.
+    host: dict[str, object] = field(default_factory=dict)
+    #: ``{"state": {"size", "sha256"}, "ram": {"size", "ctime_ns", SUM_KEY}}`` (see
+    #: ``integrity``); None for a checkpoint written before checkpoints recorded files.
     files: dict[str, dict[str, Any]] | None = None
 
     # -- files -------------------------------------------------------------------------
@@ -132,6 +135,7 @@ class Manifest:
             "written_bytes": s.written_bytes, "pause_ms": s.pause_ms,
             "base_copy_ms": s.base_copy_ms, "device_state_ms": s.device_state_ms,
             "written_ms": s.written_ms, "duration_ms": self.duration_ms,
+            **({"host": dict(self.host)} if self.host else {}),
         }  # fmt: skip
         if self.files is not None:
             out["files"] = self.files
@@ -180,6 +184,7 @@ class Manifest:
                     state_bytes=int(data.get("state_bytes", 0)),
                 ),
                 duration_ms=float(data.get("duration_ms", 0.0)),
+                host=dict(data.get("host") or {}),
                 files=dict(data["files"]) if isinstance(data.get("files"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as error:

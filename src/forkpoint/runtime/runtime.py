@@ -19,13 +19,14 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from forkpoint import faults
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
 from forkpoint.errors import (
+    AgentError,
     Conflict,
     ForkpointError,
     InternalError,
@@ -93,9 +94,21 @@ from .queries import Queries
 from .templates import Templates
 from .upkeep import expires_after
 
+if TYPE_CHECKING:
+    from forkpoint.models import CheckpointTransfer
+
+    from .portable.common import Local, Progress
+
 __all__ = ["Runtime"]
 
 _AGENT_LOCK_TIMEOUT_S = 600.0  # another process's connection may serve a long exec
+# A lost agent connection waits this long for an operation on the session (rollback, rm)
+# to finish, to tell the caller what happened.
+_LOST_AGENT_WAIT_S = 30.0
+
+
+def _quiet(_: str) -> None:
+    """Progress nobody watches."""
 
 
 class Runtime(Queries):
@@ -510,6 +523,73 @@ class Runtime(Queries):
                 out.append(error)
         return out
 
+    # -- portable checkpoints ----------------------------------------------------------
+
+    def _portable(self) -> Local:
+        from .portable.common import Local
+
+        def shape_here(image_hash: str, memory_mib: int, cpus: int) -> MachineShape:
+            return self._machine(image_hash, memory_mib, cpus)[1]
+
+        return Local(self.home, self.store, shape_here)
+
+    async def push_checkpoint(
+        self, checkpoint: str, to: str, *, endpoint: str | None = None,
+        progress: Progress | None = None,
+    ) -> CheckpointTransfer:  # fmt: skip
+        """Upload a checkpoint to ``s3://BUCKET/PREFIX`` with the part of its lineage the
+        bucket lacks (a child: the RAM pages that differ from its parent's). Its id and
+        name become refs to its digest. Credentials: the usual AWS variables.
+
+        :raises NotFound: no such checkpoint; :raises InvalidInput: not an S3 URL.
+        """
+        from .portable.service import push_checkpoint
+
+        return await asyncio.to_thread(
+            push_checkpoint, self._portable(), self.checkpoint_of, checkpoint, to, endpoint,
+            progress or _quiet,
+        )  # fmt: skip
+
+    async def pull_checkpoint(
+        self, ref: str, source: str, *, endpoint: str | None = None,
+        progress: Progress | None = None,
+    ) -> CheckpointTransfer:  # fmt: skip
+        """Download the checkpoint ``ref`` (a digest, or a ref: an id or name it was
+        pushed under) from ``s3://BUCKET/PREFIX``, with what this home lacks of its
+        lineage. Fail-closed: every object is verified before anything becomes visible.
+
+        :raises IncompatibleCheckpoint: this host cannot restore it (checked before any
+            RAM is downloaded); :raises CorruptCheckpoint: an object does not match its
+            digest; :raises NotFound: no such checkpoint there.
+        """
+        from .portable.service import pull_checkpoint
+
+        return await asyncio.to_thread(
+            pull_checkpoint, self._portable(), self.checkpoint_of, ref, source, endpoint,
+            progress or _quiet,
+        )  # fmt: skip
+
+    async def export_checkpoint(
+        self, checkpoint: str, path: Path, *, progress: Progress | None = None
+    ) -> CheckpointTransfer:
+        """Write a checkpoint and its whole lineage into one archive (``import`` reads it)."""
+        from .portable.service import export_checkpoint
+
+        return await asyncio.to_thread(
+            export_checkpoint, self._portable(), self.checkpoint_of, checkpoint, path,
+            progress or _quiet,
+        )  # fmt: skip
+
+    async def import_checkpoint(
+        self, path: Path, *, progress: Progress | None = None
+    ) -> CheckpointTransfer:
+        """Read an archive written by :meth:`export_checkpoint` (checked as a pull is)."""
+        from .portable.service import import_checkpoint
+
+        return await asyncio.to_thread(
+            import_checkpoint, self._portable(), self.checkpoint_of, path, progress or _quiet
+        )
+
     # -- fork & rollback ---------------------------------------------------------------
 
     async def fork(self, checkpoint: str, count: int = 1) -> list[Session | ForkpointError]:
@@ -644,6 +724,12 @@ class Runtime(Queries):
             self, a, b, include_tmp=include_tmp, exclude=tuple(exclude), patch=patch
         )
 
+    def diff_forks(self, a: str, b: str | None = None) -> int:
+        """How many short-lived forks :meth:`diff` of ``a`` and ``b`` may start (0–2)."""
+        from .inspect import scratch_forks
+
+        return scratch_forks(self, a, b)
+
     async def rollback_preview(
         self, session: str, checkpoint: str | None = None, *, patch: bool = False
     ) -> StateDiff:
@@ -716,10 +802,30 @@ class Runtime(Queries):
         one connection (requests run side by side); another process waits until this
         one's users are done."""
         record = await asyncio.to_thread(self._require_running, session, locked=False)
-        async with self._agents.use(
-            record.id, record.generation, lambda: self._connect_agent(record)
-        ) as client:
-            yield client
+        try:
+            async with self._agents.use(
+                record.id, record.generation, lambda: self._connect_agent(record)
+            ) as client:
+                yield client
+        except AgentError as error:
+            raise await self._explain_lost_agent(record, error) from error
+
+    async def _explain_lost_agent(self, record: SessionRecord, error: AgentError) -> ForkpointError:
+        """Why a session's agent went away mid-request: a rollback, undo or rm that ran
+        meanwhile is the caller's race (404/409), not forkpoint's fault (500). Such an
+        operation holds the session lock until the store says what it did."""
+        with contextlib.suppress(Conflict):  # held too long: judge by the record as it is
+            async with session_lock_async(self.home, record.id, timeout_s=_LOST_AGENT_WAIT_S):
+                pass
+        try:
+            now = await asyncio.to_thread(self.store.get_session, record.id)
+        except NotFound:
+            return NotFound(f"session {record.id} was removed while the request ran")
+        if now.generation != record.generation:
+            return Conflict(f"session {record.id} was rolled back while the request ran")
+        if now.state != SessionState.RUNNING:
+            return Conflict(f"session {record.id} is {now.state} (it stopped during the request)")
+        return error
 
     async def _connect_agent(self, record: SessionRecord) -> AgentClient:
         files = self.files(record.id)

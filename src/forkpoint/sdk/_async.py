@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
+    CheckpointTransfer,
     CommandResult,
     FileEntry,
     HistoryStep,
@@ -364,6 +365,36 @@ class AsyncCheckpoint:
         return [
             s if isinstance(s, ForkpointError) else AsyncSandbox(self._client, s) for s in slots
         ]
+
+    async def push(self, to: str) -> CheckpointTransfer:
+        """Upload this checkpoint to ``s3://BUCKET/PREFIX`` with what the bucket lacks of
+        its lineage (a child: the RAM pages that differ from its parent's). Endpoint and
+        credentials: the AWS variables where forkpoint runs (the server, over REST)."""
+        return await self._client.push_checkpoint(self.id, to)
+
+    @classmethod
+    async def pull(
+        cls,
+        ref: str,
+        source: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> AsyncCheckpoint:
+        """Download checkpoint ``ref`` (``sha256:<digest>``, or the id or name it was
+        pushed under) from ``s3://BUCKET/PREFIX``, verified, and return it.
+
+        :raises IncompatibleCheckpoint: this host cannot restore it (no RAM was
+            downloaded); :raises CorruptCheckpoint: an object did not match its digest.
+        """
+        client = ApiClient(base_url, token, runtime)
+        client.retain()
+        try:
+            pulled = await client.pull_checkpoint(ref, source)
+            return cls(client, pulled.checkpoint)
+        finally:
+            await client.release()
 
     async def remove(self) -> None:
         """Delete the checkpoint. :raises InUse: sessions or checkpoints depend on it."""

@@ -33,6 +33,7 @@ from forkpoint.errors import ForkpointError, InternalError, InvalidInput, code_f
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
+    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     FileEntry,
@@ -141,7 +142,7 @@ class ApiClient:
         return TypeAdapter(kind).validate_json(response.content)
 
     async def _long(self, kind: Any, method: str, path: str, **kwargs: Any) -> Any:
-        """A create, fork, checkpoint or rollback: its answer, or — when the server answered
+        """A create, fork, checkpoint, rollback or undo: its answer, or — when the server answered
         202 with an operation — the operation's result once it ended (its error raised)."""
         response = await self._request(method, path, **kwargs)
         adapter = TypeAdapter(kind)
@@ -200,7 +201,8 @@ class ApiClient:
 
     async def undo(self, session: str, steps: int) -> Session:
         path = f"/sessions/{_seg(session)}/undo"
-        return await self._parse(Session, "POST", path, json={"steps": steps})
+        undone: Session = await self._long(Session, "POST", path, json={"steps": steps})
+        return undone
 
     # -- commands ----------------------------------------------------------------------
 
@@ -268,6 +270,15 @@ class ApiClient:
             ForkpointError.from_dict(asdict(s.error)) if isinstance(s, ErrorResponse) else s
             for s in slots
         ]
+
+    async def push_checkpoint(self, checkpoint: str, to: str) -> CheckpointTransfer:
+        url = f"/checkpoints/{_seg(checkpoint)}/push"
+        body = {"to": to}
+        return await self._parse(CheckpointTransfer, "POST", url, json=body)
+
+    async def pull_checkpoint(self, ref: str, source: str) -> CheckpointTransfer:
+        body = {"ref": ref, "from": source}
+        return await self._parse(CheckpointTransfer, "POST", "/checkpoints/pull", json=body)
 
 
 def command_body(

@@ -7,6 +7,7 @@ from typing import Any, Literal, overload
 from forkpoint.errors import ForkpointError
 from forkpoint.models import (
     BackgroundProcess,
+    CheckpointTransfer,
     CommandResult,
     FileEntry,
     HistoryStep,
@@ -145,6 +146,17 @@ class Checkpoint(SyncTwin):
     @property
     def info(self) -> CheckpointInfo: ...
     def fork(self, count: int = 1) -> list[Sandbox | ForkpointError]: ...
+    def push(self, to: str) -> CheckpointTransfer: ...
+    @classmethod
+    def pull(
+        cls,
+        ref: str,
+        source: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> Checkpoint: ...
     def remove(self) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Checkpoint: ...

@@ -39,6 +39,7 @@ class Ticket:
 
     admission: Admission
     sessions: int
+    heavy: bool = True
     released: bool = False
 
     def release(self) -> None:
@@ -64,8 +65,10 @@ class Admission:
     def heavy_running(self) -> int:
         return self._heavy
 
-    async def admit(self, new_sessions: int = 0) -> Ticket:
-        """A ticket for one heavy operation that may start ``new_sessions`` sessions.
+    async def admit(self, new_sessions: int = 0, *, heavy: bool = True) -> Ticket:
+        """A ticket for one operation that may start ``new_sessions`` sessions; ``heavy``:
+        it also takes one of the ``max_heavy`` slots (a diff's scratch fork only counts
+        as a session: it should not hold up the creates and forks the slots are for).
 
         :raises Busy: ``max_heavy`` operations run already, or the sessions would pass
             ``max_sessions``.
@@ -78,7 +81,7 @@ class Admission:
                 f"this server runs at most {cap} sessions; {new_sessions} cannot start at once"
             )
         async with self._lock:
-            if self._heavy >= self.limits.max_heavy:
+            if heavy and self._heavy >= self.limits.max_heavy:
                 raise Busy(
                     f"{self._heavy} create/fork/checkpoint/rollback operations are running "
                     f"(the server's limit); retry shortly",
@@ -94,12 +97,12 @@ class Admission:
                         f"most {cap}; remove one, or retry later",
                         RETRY_SESSIONS_S,
                     )
-            self._heavy += 1
+            self._heavy += heavy
             self._starting += new_sessions
-            return Ticket(self, new_sessions)
+            return Ticket(self, new_sessions, heavy)
 
     def _release(self, ticket: Ticket) -> None:
-        self._heavy -= 1
+        self._heavy -= ticket.heavy
         self._starting -= ticket.sessions
 
 

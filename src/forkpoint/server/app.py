@@ -36,6 +36,7 @@ from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
     Checkpoint,
+    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     FileEntry,
@@ -58,6 +59,8 @@ from forkpoint.requests import (
     ForkRequest,
     GuestPath,
     PortRequest,
+    PullRequest,
+    PushRequest,
     Ref,
     RollbackPreviewRequest,
     RollbackRequest,
@@ -141,6 +144,16 @@ _HEAVY: dict[int | str, dict[str, Any]] = {
         "model": ErrorResponse,
         "description": "A limit of the server (running sessions, heavy calls at once); retry "
         "after Retry-After seconds.",
+        "headers": {"Retry-After": _RETRY_AFTER},
+    },
+}
+# In a session keeping history a command or file change first takes a checkpoint, which a
+# host limit (the free-disk reserve) may refuse.
+_STEP: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": ErrorResponse,
+        "description": "The session keeps history and the checkpoint before this step would "
+        "cross a host limit; retry after Retry-After seconds.",
         "headers": {"Retry-After": _RETRY_AFTER},
     },
 }
@@ -323,26 +336,62 @@ def _router(
 
     # -- history and diffs -------------------------------------------------------------
 
-    @r.post("/sessions/{session_id}/rollback/preview", tags=["history"])
+    async def with_scratch(scratch_sessions: int, work: Callable[[], Awaitable[Any]]) -> Any:
+        """A diff or preview boots a short-lived fork of each checkpoint it looks at: those
+        count against the session cap while it runs (not against the heavy slots)."""
+        ticket = await admission.admit(scratch_sessions, heavy=False)
+        try:
+            return await work()
+        finally:
+            ticket.release()
+
+    @r.post(
+        "/sessions/{session_id}/rollback/preview",
+        tags=["history"],
+        responses={429: _HEAVY[429]},
+    )
     async def rollback_preview(session_id: SessionId, body: RollbackPreviewRequest) -> StateDiff:
         """What the rollback would undo (files, processes, listening ports); changes nothing."""
-        return await runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
+        await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+        return await with_scratch(  # type: ignore[no-any-return]
+            1, lambda: runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
+        )
 
-    @r.post("/diff", tags=["history"])
+    @r.post("/diff", tags=["history"], responses={429: _HEAVY[429]})
     async def diff(body: DiffRequest) -> StateDiff:
         """What changed from checkpoint or session ``a`` to ``b``."""
-        return await runtime.diff(
-            body.a, body.b, patch=body.patch, include_tmp=body.include_tmp, exclude=body.exclude
+        forks = await asyncio.to_thread(runtime.diff_forks, body.a, body.b)  # 404 before 429
+        return await with_scratch(  # type: ignore[no-any-return]
+            forks,
+            lambda: runtime.diff(
+                body.a,
+                body.b,
+                patch=body.patch,
+                include_tmp=body.include_tmp,
+                exclude=body.exclude,
+            ),
         )
 
     @r.get("/sessions/{session_id}/history", tags=["history"])
     async def history(session_id: SessionId) -> list[HistoryStep]:
         return await asyncio.to_thread(runtime.history, session_id)
 
-    @r.post("/sessions/{session_id}/undo", tags=["history"])
-    async def undo(session_id: SessionId, body: UndoRequest) -> Session:
+    @r.post(
+        "/sessions/{session_id}/undo",
+        tags=["history"],
+        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/id")}},
+    )
+    async def undo(session_id: SessionId, body: UndoRequest, wait: Wait = default_wait) -> Session:
         """Roll back to before the last ``steps`` steps, processes included."""
-        return await runtime.undo(session_id, body.steps)
+        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+        reviving = session.state not in (SessionState.RUNNING, SessionState.CREATING)
+
+        async def work() -> Session:
+            return await runtime.undo(session_id, body.steps)
+
+        return await heavy(  # type: ignore[no-any-return]
+            OperationKind.ROLLBACK, session.id, work, wait, new_sessions=int(reviving)
+        )
 
     # -- commands ----------------------------------------------------------------------
 
@@ -351,6 +400,7 @@ def _router(
         tags=["commands"],
         summary="Run a command (to completion, or in the background)",
         responses={
+            **_STEP,
             200: {
                 "links": {
                     "KillProcess": {
@@ -359,9 +409,14 @@ def _router(
                             "session_id": "$request.path.session_id",
                             "pid": "$response.body#/pid",
                         },
-                    }
+                    },
+                    # In a session keeping history, every command is a step to undo.
+                    "Undo": {
+                        "operationId": "undo",
+                        "parameters": {"session_id": "$request.path.session_id"},
+                    },
                 }
-            }
+            },
         },
     )
     async def exec_command(
@@ -419,7 +474,7 @@ def _router(
         openapi_extra={"requestBody": {"required": True, "content": _OCTETS}},
         tags=["files"],
         summary=f"Write a file (raw body, at most {max_upload_bytes} bytes)",
-        responses={204: {"links": _written_file_links()}},
+        responses={**_STEP, 204: {"links": _written_file_links()}},
     )
     async def write_file(
         session_id: SessionId,
@@ -439,7 +494,7 @@ def _router(
             await runtime.write_file(session_id, path, spool, mode=mode)
         return Response(status_code=204)
 
-    @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"])
+    @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"], responses=_STEP)
     async def remove_file(session_id: SessionId, path: RemovablePathQuery) -> Response:
         await runtime.remove_file(session_id, path)
         return Response(status_code=204)
@@ -510,6 +565,24 @@ def _router(
             OperationKind.FORK, source.id, work, wait, new_sessions=body.count
         )
 
+    # -- portable checkpoints ----------------------------------------------------------
+
+    @r.post(
+        "/checkpoints/{checkpoint_id}/push",
+        tags=["checkpoints"],
+        responses={200: {"links": _pull_links()}},
+    )
+    async def push_checkpoint(checkpoint_id: CheckpointId, body: PushRequest) -> CheckpointTransfer:
+        """Upload the checkpoint, with what the bucket lacks of its lineage, to an
+        S3-compatible store; its id and name become refs to its digest."""
+        return await runtime.push_checkpoint(checkpoint_id, body.to)
+
+    @r.post("/checkpoints/pull", status_code=201, tags=["checkpoints"])
+    async def pull_checkpoint(body: PullRequest) -> CheckpointTransfer:
+        """Download a checkpoint (by digest or ref) into this home, verified; refused with
+        409 incompatible_checkpoint before any RAM moves if this host cannot restore it."""
+        return await runtime.pull_checkpoint(body.ref, body.source)
+
     # -- operations --------------------------------------------------------------------
 
     @r.get("/operations", tags=["operations"])
@@ -577,7 +650,8 @@ def _checkpoint_links(
     checkpoint_id: str = "$response.body#/id", *, rollback: bool = True
 ) -> dict[str, Any]:
     """Links from a checkpoint's id to the operations on it (and, from the request that
-    made it, to rolling its session back to it)."""
+    made it, to pushing it, rolling its session back to it, previewing that, and diffing
+    since)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
         for target in ("get_checkpoint", "remove_checkpoint", "fork")
@@ -585,12 +659,28 @@ def _checkpoint_links(
     links["Fork"]["requestBody"] = {"count": 1}
     if not rollback:
         return links
+    # From the request that made it only: each link takes a share of a fuzzer's turns.
+    links["PushCheckpoint"] = {
+        "operationId": "push_checkpoint",
+        "parameters": {"checkpoint_id": checkpoint_id},
+    }
     links["RollbackTo"] = {
         "operationId": "rollback",
         "parameters": {"session_id": "$request.path.session_id"},
         "requestBody": {"checkpoint": checkpoint_id},
     }
+    links["PreviewRollbackTo"] = {**links["RollbackTo"], "operationId": "rollback_preview"}
+    links["DiffSince"] = {
+        "operationId": "diff",
+        "requestBody": {"a": checkpoint_id, "b": "$request.path.session_id"},
+    }
     return links
+
+
+def _pull_links() -> dict[str, Any]:
+    """From a push to pulling what it pushed (by digest, from where it went)."""
+    body = {"ref": "$response.body#/digest", "from": "$response.body#/location"}
+    return {"PullCheckpoint": {"operationId": "pull_checkpoint", "requestBody": body}}
 
 
 def _written_file_links() -> dict[str, Any]:

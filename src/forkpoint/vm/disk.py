@@ -17,7 +17,14 @@ from pathlib import Path
 from forkpoint.errors import QemuError
 from forkpoint.vm.build import qemu_img
 
-__all__ = ["blank_overlay_of", "create_overlay", "overlay_from_blank", "overlay_on_top"]
+__all__ = [
+    "backing_name",
+    "blank_overlay_of",
+    "create_overlay",
+    "overlay_from_blank",
+    "overlay_on_top",
+    "rebase_unsafe",
+]
 
 # The start of a qcow2 header: magic, version, backing file name offset and length,
 # cluster bits, virtual size (all big-endian).
@@ -113,3 +120,36 @@ def _backing_of(path: Path) -> tuple[str | None, int, int]:
             return None, size, 0
         f.seek(offset)
         return f.read(length).decode(), size, offset
+
+
+def backing_name(path: Path) -> str | None:
+    """The backing file name written in a qcow2 file's header (None: it has none).
+
+    :raises OSError: unreadable; :raises QemuError: not a qcow2 file.
+    """
+    return _backing_of(path)[0]
+
+
+def rebase_unsafe(path: Path, backing: str) -> None:
+    """Rewrite only the backing file *name* in ``path``'s header (``qemu-img rebase -u``):
+    the data stays as it is, so ``backing`` must name the same content. Portable layers
+    travel with relative names and get this home's path back on import."""
+    proc = subprocess.run(
+        [
+            str(qemu_img()),
+            "rebase",
+            "-u",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            backing,
+            str(path),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise QemuError(f"qemu-img rebase {path.name} failed: {proc.stderr.strip()}")
