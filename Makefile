@@ -11,7 +11,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium pa
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv bytecode image test security other-release-smoke demo lint bench clean
+.PHONY: setup apt venv bytecode image test security other-release-smoke demo lint bench faults load clean
 
 setup: apt venv bytecode image
 
@@ -61,10 +61,20 @@ demo: setup
 bench: setup
 	$(FP) bench --out bench-out
 
+# The full fault campaign (docs/reliability.md; make test runs the reduced one) and the
+# load test, each in its own scratch home beside $$FORKPOINT_HOME's images.
+FAULTS_ARGS ?=
+LOAD_ARGS ?=
+faults: setup
+	$(PY) tools/scratch_home.py faults -- $(PY) tests/faults_campaign.py --out faults-out $(FAULTS_ARGS)
+
+load: setup
+	$(PY) tools/scratch_home.py load -- $(PY) tests/load_test.py --out load-out $(LOAD_ARGS)
+
 lint: venv
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy --strict src tests
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) bench-out
+	rm -rf $(VENV) $(DEMO_OUT) bench-out faults-out load-out

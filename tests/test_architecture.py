@@ -18,7 +18,8 @@ ALLOWED: dict[str, set[str]] = {
     "polling": set(),
     "models": {"protocol"},
     "requests": {"models", "errors"},
-    "vm": {"errors", "config", "polling"},
+    "faults": set(),
+    "vm": {"errors", "config", "polling", "faults"},
     "agent_client": {"protocol", "errors", "polling"},
     "images": {"errors", "config"},
     "store": {"errors", "config", "models", "polling"},
@@ -34,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
         "errors",
         "config",
         "polling",
+        "faults",
     },
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
     "sdk": {"models", "runtime", "server", "protocol", "errors", "config"},

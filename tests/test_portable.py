@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from forkpoint.errors import CorruptCheckpoint, NotFound
+from forkpoint.errors import DamagedCheckpoint, NotFound
 from forkpoint.runtime.portable.bundle import (
     Blob,
     LayerBlob,
@@ -118,7 +118,7 @@ def test_a_manifest_is_verified_against_its_digest() -> None:
     data = manifest.encode()
     assert PortableManifest.decode(data, manifest.digest) == manifest
     tampered = data.replace(b"default", b"defauls")
-    with pytest.raises(CorruptCheckpoint, match="corrupt"):
+    with pytest.raises(DamagedCheckpoint, match="corrupt"):
         PortableManifest.decode(tampered, manifest.digest)
     assert parse_ref(f"sha256:{manifest.digest}") == (manifest.digest, "")
     assert parse_ref("my-checkpoint") == (None, "my-checkpoint")
@@ -140,7 +140,7 @@ def test_a_manifest_is_verified_against_its_digest() -> None:
 )
 def test_a_manifest_naming_files_outside_the_home_is_refused(changes: dict[str, Any]) -> None:
     manifest = _manifest(**changes)
-    with pytest.raises(CorruptCheckpoint, match="malformed"):
+    with pytest.raises(DamagedCheckpoint, match="malformed"):
         PortableManifest.decode(manifest.encode(), manifest.digest)
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from forkpoint.config import Home
-from forkpoint.errors import CorruptCheckpoint, IncompatibleCheckpoint
+from forkpoint.errors import DamagedCheckpoint, IncompatibleCheckpoint
 from forkpoint.models import Checkpoint, Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.portable.bundle import PortableManifest
@@ -193,7 +193,7 @@ def test_a_tampered_object_fails_the_pull_and_changes_nothing(
     stored.write_bytes(bytes(flipped))
     before = _snapshot(host_b)
     try:
-        with pytest.raises(CorruptCheckpoint, match="corrupt"):
+        with pytest.raises(DamagedCheckpoint, match="corrupt"):
             run(host_b.pull_checkpoint("portable-second", url))
         assert _snapshot(host_b) == before
         assert not list((host_b.home.portable / "tmp").iterdir())

@@ -18,7 +18,7 @@
     │   ├── Busy                    HTTP 429: a limit of the server; retry after ``retry_after_s``
     │   │   └── LimitExceeded       a host limit (free disk reserve, session count) says no
     │   ├── IncompatibleCheckpoint  made by another QEMU build / machine shape / accel
-    │   └── CorruptCheckpoint       a stored checkpoint's bytes do not match their digest
+    │   └── DamagedCheckpoint       its files (or a pulled object) are not what was written
     ├── CommandTimeout              exit 1, HTTP 408  a guest command ran too long (killed)
     └── InternalError               exit 5, HTTP 500  a bug or a host/QEMU failure
         ├── QemuError               carries ``log_tail`` from QEMU's own log
@@ -47,7 +47,7 @@ __all__ = [
     "CommandTimeout",
     "CommandNotFound",
     "Conflict",
-    "CorruptCheckpoint",
+    "DamagedCheckpoint",
     "ForkpointError",
     "GuestRefused",
     "ImageBuildError",
@@ -203,8 +203,11 @@ class IncompatibleCheckpoint(Conflict):
     code = "incompatible_checkpoint"
 
 
-class CorruptCheckpoint(Conflict):
-    code = "corrupt_checkpoint"
+class DamagedCheckpoint(Conflict):
+    """A checkpoint's bytes are not what was written: its files here truncated, changed or
+    missing, or an object pulled from a store not matching its digest."""
+
+    code = "damaged_checkpoint"
 
 
 class CommandTimeout(ForkpointError):

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
     app.command("checkpoints")(checkpoints_command)
     app.command("fork")(fork_command)
     app.command("rollback")(rollback_command)
+    app.command("recover")(recover_command)
 
 
 @reports_errors
@@ -45,15 +46,15 @@ def checkpoint_command(
     target: Annotated[
         str,
         typer.Argument(
-            metavar="SESSION|rm|export|import|push|pull",
-            help="Session id or name, or `rm`, `export`, `import`, `push`, `pull`.",
+            metavar="SESSION|rm|verify|export|import|push|pull",
+            help="Session id or name, or `rm`, `verify`, `export`, `import`, `push`, `pull`.",
         ),
     ],
     ids: Annotated[
         list[str] | None,
         typer.Argument(
             metavar="ID",
-            help="With `rm`: the checkpoints to delete; with the others: the checkpoint, "
+            help="With `rm`/`verify`: the checkpoints; with the others: the checkpoint, "
             "archive or ref.",
         ),
     ] = None,
@@ -78,6 +79,7 @@ def checkpoint_command(
     \b
     forkpoint checkpoint SESSION [--name N]        checkpoint a running session
     forkpoint checkpoint rm ID...                  delete checkpoints
+    forkpoint checkpoint verify ID...              hash every file against its manifest
     forkpoint checkpoint export CK -o FILE         CK and its lineage in one archive
     forkpoint checkpoint import FILE               a checkpoint from such an archive
     forkpoint checkpoint push CK --to s3://B/P     upload (only what the bucket lacks)
@@ -96,6 +98,11 @@ def checkpoint_command(
                           ("--endpoint", endpoint)):  # fmt: skip
         if value is not None:
             raise InvalidInput(f"{option} applies only to checkpoint export/push/pull")
+    if target == "verify":
+        if not ids or name is not None:
+            raise InvalidInput("checkpoint verify needs checkpoint IDs (and no --name)")
+        _verify_checkpoints(ids, as_json)
+        return
     if target == "rm":
         if not ids:
             raise InvalidInput("checkpoint rm needs at least one checkpoint ID")
@@ -209,6 +216,70 @@ def _remove_checkpoints(ids: list[str], as_json: bool) -> None:
         return
     shown = ", ".join(f"[cyan]{checkpoint_id}[/]" for checkpoint_id in removed)
     console.print(f"[bold]removed[/] {shown} in {format_ms(timer.ms)}", highlight=False)
+
+
+def _verify_checkpoints(ids: list[str], as_json: bool) -> None:
+    import dataclasses
+
+    from forkpoint.errors import DamagedCheckpoint
+
+    async def op(runtime: Runtime) -> dict[str, list[dict[str, object]]]:
+        found = [runtime.get_checkpoint(i).id for i in ids]  # NotFound before any work
+        return {
+            c: [dataclasses.asdict(f) for f in runtime.verify_checkpoint(c)]
+            for c in dict.fromkeys(found)
+        }
+
+    with spinner("verifying…"):
+        report = run(op)
+    bad = [c for c, checks in report.items() if not all(f["ok"] for f in checks)]
+    if as_json:
+        emit_json([{"checkpoint": c, "ok": c not in bad, "files": f} for c, f in report.items()])
+    else:
+        for c, checks in report.items():
+            for f in checks:
+                status = "[green]ok[/]" if f["ok"] else f"[bold red]{escape(str(f['problem']))}[/]"
+                console.print(
+                    f"[cyan]{c}[/] {f['name']:<14} {format_bytes(int(str(f['size']))):>10} "
+                    f"{format_ms(float(str(f['ms']))):>8}  {status}",
+                    highlight=False,
+                )
+    if bad:
+        if as_json:
+            raise typer.Exit(DamagedCheckpoint.exit_code)
+        raise DamagedCheckpoint(f"damaged checkpoint: {', '.join(bad)}")
+
+
+@reports_errors
+def recover_command(as_json: bool = JSON_OPTION) -> None:
+    """Bring back every crashed session from its latest checkpoint (after a host restart).
+
+    Each is rolled back: same id, same ports. One that cannot be is reported in its
+    place; the exit code is that of the worst failure.
+    """
+
+    async def op(runtime: Runtime) -> list[Session | ForkpointError]:
+        return await runtime.recover()
+
+    with spinner("recovering crashed sessions…"), Timer() as timer:
+        results = run(op)
+    failures = [r for r in results if isinstance(r, ForkpointError)]
+    if as_json:
+        emit_json([{"error": r.to_dict()} if isinstance(r, ForkpointError) else r for r in results])
+    else:
+        ok = len(results) - len(failures)
+        console.print(
+            f"[bold green]recovered[/] {ok} of {len(results)} crashed session"
+            f"{'s' if len(results) != 1 else ''} in {format_ms(timer.ms)}",
+            highlight=False,
+        )
+        for r in results:
+            if isinstance(r, ForkpointError):
+                err_console.print(f"[bold red]error:[/] {escape(r.message)}", highlight=False)
+            else:
+                console.print(f"  [cyan]{r.id}[/] from {r.parent_checkpoint}", highlight=False)
+    if failures:
+        raise typer.Exit(max(f.exit_code for f in failures))
 
 
 @reports_errors

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from forkpoint import faults
 from forkpoint.config import Home
-from forkpoint.errors import ForkpointError
+from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
@@ -23,6 +24,7 @@ from forkpoint.vm import Machine, MachineShape, qemu_build
 from forkpoint.vm.host import host_facts, host_tsc_khz
 from forkpoint.vm.shape import ARGV_LAYOUT_VERSION
 
+from .integrity import describe_files
 from .machines import new_layer_name
 from .manifest import CheckpointFiles, Manifest
 
@@ -65,6 +67,7 @@ class Checkpointer:
         final = self.files(new_checkpoint_id())
         staging = final.staging()
         await asyncio.to_thread(staging.dir.mkdir)
+        faults.point("checkpoint.staging-made")
         new_top = new_layer_name()
         try:
             try:
@@ -74,6 +77,11 @@ class Checkpointer:
             finally:
                 # Whatever happened, record the layer the VM now writes to.
                 await asyncio.to_thread(self._record_new_top, origin, layer, new_top)
+            # Sizes and hashes, checked before every restore (see integrity).
+            described = await asyncio.to_thread(
+                describe_files, staging, ram_base, stats.written_ranges
+            )
+            faults.point("checkpoint.files-hashed")
             manifest = Manifest(
                 id=final.dir.name, session_id=origin.session_id, name=origin.name,
                 kind=origin.kind, shape=origin.shape, argv_layout=ARGV_LAYOUT_VERSION,
@@ -81,11 +89,15 @@ class Checkpointer:
                 image_hash=origin.image.hash, disk_layer=layer,
                 parent_checkpoint=origin.parent, ports=origin.guest_ports, stats=stats,
                 duration_ms=(time.perf_counter() - started) * 1000,
-                host=await asyncio.to_thread(self._host_facts, origin),
+                host=await asyncio.to_thread(self._host_facts, origin), files=described,
             )  # fmt: skip
             await asyncio.to_thread(self._publish, manifest, staging, final)
-        except BaseException:
+        except BaseException as error:
             await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
+            if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
+                raise InternalError(
+                    f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
+                ) from error
             raise
         return await asyncio.to_thread(self._insert, manifest, final)
 
@@ -109,14 +121,17 @@ class Checkpointer:
             self.store.insert_layer(new_top, backing=frozen)
             if origin.kind == CheckpointKind.USER:
                 self.store.update_session(origin.session_id, disk_layer=new_top)
+        faults.point("checkpoint.new-top-recorded")
 
     def _publish(
         self, manifest: Manifest, staging: CheckpointFiles, final: CheckpointFiles
     ) -> None:
         manifest.save(staging)
         _fsync_dir(staging.dir)
+        faults.point("checkpoint.manifest-written")
         os.rename(staging.dir, final.dir)  # atomic: a checkpoint is all there or not at all
         _fsync_dir(final.dir.parent)
+        faults.point("checkpoint.published")
 
     def _insert(self, manifest: Manifest, files: CheckpointFiles) -> CheckpointRecord:
         record = CheckpointRecord.new(
@@ -126,7 +141,9 @@ class Checkpointer:
             name=manifest.name, kind=manifest.kind, parent_checkpoint=manifest.parent_checkpoint,
         )  # fmt: skip
         try:
-            return self.store.insert_checkpoint(replace(record, id=manifest.id))
+            inserted = self.store.insert_checkpoint(replace(record, id=manifest.id))
+            faults.point("checkpoint.recorded")
+            return inserted
         except BaseException:
             shutil.rmtree(files.dir, ignore_errors=True)
             raise
@@ -138,7 +155,9 @@ class Checkpointer:
         """
         record = self.store.get_checkpoint(checkpoint_id)
         self.store.delete_checkpoint(record.id)
+        faults.point("checkpoint-rm.row-deleted")
         shutil.rmtree(self.files(record.id).dir, ignore_errors=True)
+        faults.point("checkpoint-rm.files-deleted")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 
+from forkpoint import faults
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError, NotFound
 from forkpoint.models import Network
@@ -17,6 +18,8 @@ from forkpoint.vm import VmFiles
 from forkpoint.vm.disk import blank_overlay_of
 from forkpoint.vm.net import passt_log, remove_passt_log, stop_passt
 from forkpoint.vm.process import kill_and_wait, pids_with_arg
+
+from .orphans import sweep_orphans
 
 __all__ = [
     "collect_layers",
@@ -30,13 +33,17 @@ def destroy_session(home: Home, store: Store, files: VmFiles, record: SessionRec
     """Kill the session's processes, drop its egress rules, forget it, delete its files
     and unused layers (the caller holds its lock)."""
     kill_session_processes(files, record)
+    faults.point("rm.processes-killed")
     if record.network == Network.USER:
         from .egress import remove_filter  # here: queries (upkeep) must not load nftables
 
         remove_filter(record)
+        faults.point("rm.egress-removed")
     with contextlib.suppress(NotFound):
         store.delete_session(record.id)
+    faults.point("rm.row-deleted")
     remove_session_files(files)
+    faults.point("rm.files-removed")
     collect_layers(home, store)
 
 
@@ -63,7 +70,8 @@ def remove_session_files(files: VmFiles) -> None:
 
 
 def collect_layers(home: Home, store: Store) -> list[str]:
-    """Delete the disk layers nothing depends on any more; returns their names.
+    """Delete the disk layers nothing depends on any more, and the files a killed
+    forkpoint process left without a record (see :mod:`.orphans`); returns their names.
 
     Opportunistic: skipped while another process builds an image template (its base
     layer has no referrer until the template checkpoint exists).
@@ -79,9 +87,12 @@ def collect_layers(home: Home, store: Store) -> list[str]:
                         store.delete_layer(name)
                     except ForkpointError:
                         continue
+                    faults.point("gc.layer-row-deleted")
                     (home.layers / name).unlink(missing_ok=True)
                     blank_overlay_of(home.layers / name).unlink(missing_ok=True)
+                    faults.point("gc.layer-file-deleted")
                     removed.append(name)
+            removed += sweep_orphans(home, store)
     except Conflict:
         pass  # busy: the next gc collects
     return removed

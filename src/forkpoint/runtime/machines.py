@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from forkpoint import faults
 from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
 from forkpoint.images import Image
@@ -167,6 +168,7 @@ async def start_restored(
         ),
         asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
     )
+    faults.point("restore.layer-made")
     prepared = set(cgroup.not_enforced)
     network = spec.network == Network.USER
     # Installed while QEMU starts; passt waits for it (no unfiltered packet ever leaves).
@@ -184,6 +186,7 @@ async def start_restored(
             jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
             cgroup=cgroup,
         )  # fmt: skip
+        faults.point("restore.qemu-started")
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
@@ -193,11 +196,13 @@ async def start_restored(
                 passt_pid = await asyncio.to_thread(
                     start_passt, files, list(spec.forwards), spec.jail
                 )
+                faults.point("restore.passt-started")
                 # Moved while the state loads (a cgroup move can take milliseconds).
                 passt_placed = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, passt_pid))
 
             await machine.attach_network(connect)
         await machine.restore(spec.checkpoint.state, run=False)
+        faults.point("restore.state-loaded")
         if passt_placed is not None:
             await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
         if set(cgroup.not_enforced) != prepared:  # a move was refused: say so, once
@@ -205,6 +210,7 @@ async def start_restored(
         if loaded is not None:
             await loaded()
         await machine.run()
+        faults.point("restore.running")
         await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
         if passt_pid is not None:  # checked last: passt's start-up overlaps the load
             await asyncio.to_thread(wait_passt_ready, files, passt_pid)

@@ -88,6 +88,9 @@ class Manifest:
     #: What a host must match to restore it beyond ``shape`` (``vm.host.host_facts``:
     #: accel, TSC rate under TCG, CPU and kernel under KVM); empty in older checkpoints.
     host: dict[str, object] = field(default_factory=dict)
+    #: ``{"state": {"size", "sha256"}, "ram": {"size", "ctime_ns", SUM_KEY}}`` (see
+    #: ``integrity``); None for a checkpoint written before checkpoints recorded files.
+    files: dict[str, dict[str, Any]] | None = None
 
     # -- files -------------------------------------------------------------------------
 
@@ -121,7 +124,7 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON layout of format :data:`FORMAT` (flat, as forkpoint always wrote it)."""
         s = self.stats
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT, "id": self.id, "session_id": self.session_id, "name": self.name,
             "kind": str(self.kind),
             "machine": {**self.shape.to_dict(), "argv_layout": self.argv_layout},
@@ -134,6 +137,9 @@ class Manifest:
             "written_ms": s.written_ms, "duration_ms": self.duration_ms,
             **({"host": dict(self.host)} if self.host else {}),
         }  # fmt: skip
+        if self.files is not None:
+            out["files"] = self.files
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, checkpoint_id: str = "") -> Manifest:
@@ -179,6 +185,7 @@ class Manifest:
                 ),
                 duration_ms=float(data.get("duration_ms", 0.0)),
                 host=dict(data.get("host") or {}),
+                files=dict(data["files"]) if isinstance(data.get("files"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise IncompatibleCheckpoint(

@@ -54,6 +54,37 @@ class HostPorts:
                     return port
         raise InternalError("no free host port found on 127.0.0.1")
 
+    def keep_or_move(self, session_id: str) -> dict[int, int]:
+        """Before a session's VM starts again (rollback; ``recover`` after a host restart):
+        keep each host port that is still free, move one something else took since to a
+        new free port (passt could not bind it, and the session would not start). Returns
+        ``{old: new}`` for the ports moved (blocking)."""
+        with global_lock(self.home, "ports"):
+            record = self.store.get_session(session_id)
+            if all(_bindable(p.host_port) for p in record.ports):
+                return {}
+            moved: dict[int, int] = {}
+            taken = self.store.allocated_host_ports()
+            with self.store.transaction():
+                self.store.remove_ports(record.id)
+                for p in record.ports:
+                    host = p.host_port
+                    if not _bindable(host):
+                        host = moved[p.host_port] = self._free(taken)
+                    taken.add(host)
+                    self.store.add_port(record.id, p.guest_port, host)
+            return moved
+
+    @staticmethod
+    def _free(taken: set[int]) -> int:
+        for _ in range(_ATTEMPTS):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = int(probe.getsockname()[1])
+            if port not in taken:
+                return port
+        raise InternalError("no free host port found on 127.0.0.1")
+
     def restart_network(self, files: VmFiles, session_id: str) -> None:
         """Restart the session's passt with all its recorded forwards (blocking)."""
         record: SessionRecord = self.store.get_session(session_id)
@@ -67,3 +98,14 @@ class HostPorts:
             join_cgroups_of(record.qemu_pid, pid)  # the session's cgroup, beside its QEMU
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)
+
+
+def _bindable(port: int) -> bool:
+    """True if nothing listens on (or holds) ``127.0.0.1:port``."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

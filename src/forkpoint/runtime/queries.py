@@ -8,8 +8,8 @@ so the CLI's quick path (``forkpoint ls --json``) uses it alone.
 from __future__ import annotations
 
 from forkpoint.config import Home
-from forkpoint.errors import Conflict
-from forkpoint.models import Checkpoint, CheckpointKind, Session, SessionState
+from forkpoint.errors import Conflict, ForkpointError
+from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import is_running
@@ -31,15 +31,24 @@ class Queries:
         return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
 
     def _refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
-        """Notice a QEMU that died behind our back: the session becomes ``crashed``.
+        """Notice a QEMU that died behind our back: the session becomes ``crashed``; so
+        does a ``creating`` one whose creator was killed (its lock is free).
 
         Only with the session's lock (``locked``: the caller holds it; else it is tried
         without waiting): a rollback or restore holding it has killed the old QEMU and
         is starting the new one, which a query must neither call a crash nor kill.
         """
         files = self.files(record.id)
-        if record.state != SessionState.RUNNING or is_running(record.qemu_pid, files.name):
+        if record.state == SessionState.CREATING:
+            pass  # its creator holds the lock while it lives: without it, it died
+        elif record.state != SessionState.RUNNING:
             return record
+        elif is_running(record.qemu_pid, files.name):
+            if record.network != Network.USER or any(
+                is_running(pid, files.name) for pid in record.aux_pids
+            ):
+                return record
+            return self._restart_network(record, locked=locked)
         if not locked:
             try:
                 with session_lock(self.home, record.id, timeout_s=0):
@@ -50,6 +59,24 @@ class Queries:
 
         kill_session_processes(files, record)  # its passt has nothing left to serve
         return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
+
+    def _restart_network(self, record: SessionRecord, *, locked: bool) -> SessionRecord:
+        """Its QEMU runs but its passt died (killed, out of memory): the guest would stay
+        cut off for good (found by the fault campaign). Start a new one, as a port
+        forward does; with the session's lock, like a crash."""
+        if not locked:
+            try:
+                with session_lock(self.home, record.id, timeout_s=0):
+                    return self._refresh(self.store.get_session(record.id), locked=True)
+            except Conflict:
+                return record  # an operation is under way: it decides
+        from .ports import HostPorts  # rare: not loaded for every query
+
+        try:
+            HostPorts(self.home, self.store).restart_network(self.files(record.id), record.id)
+        except ForkpointError:
+            return record  # the next query tries again
+        return self.store.get_session(record.id)
 
     def _require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
         """The running session's record. ``locked``: the caller holds its lock.

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from forkpoint import faults
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
 from forkpoint.config import Home, home
@@ -74,6 +75,7 @@ from .cleanup import collect_layers, destroy_session, kill_session_processes
 from .disksize import grow_block_device, grow_filesystem
 from .egress import policy_of
 from .hostfit import check_host_fits
+from .integrity import FileCheck
 from .limits import sweep_cgroups
 from .lineage import lineage, rollback_target
 from .machines import (
@@ -160,9 +162,13 @@ class Runtime(Queries):
     def _manifest(self, checkpoint_id: str, shape: MachineShape) -> Manifest:
         """The checkpoint's manifest, checked to restore on ``shape``.
 
-        :raises IncompatibleCheckpoint:
+        :raises IncompatibleCheckpoint: :raises DamagedCheckpoint: (before any guest starts)
         """
-        manifest = Manifest.load(self.checkpoint_files(checkpoint_id))
+        from .integrity import check_before_restore
+
+        files = self.checkpoint_files(checkpoint_id)
+        check_before_restore(files, self.store.get_checkpoint(checkpoint_id).manifest)
+        manifest = Manifest.load(files)
         manifest.check_compatible(shape)
         return manifest
 
@@ -292,18 +298,20 @@ class Runtime(Queries):
         await asyncio.to_thread(self._manifest, checkpoint.id, shape)
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
-        record = await asyncio.to_thread(
-            self.store.insert_session,
-            SessionRecord.new(
-                image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
-                memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
-                parent_checkpoint=checkpoint.id, egress=egress, expires_at=expires_at,
-                disk_mib=disk_mib,
-            ),
-            max_active=host_limits().max_sessions,
+        fresh = SessionRecord.new(
+            image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
+            memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
+            parent_checkpoint=checkpoint.id, egress=egress, expires_at=expires_at,
+            disk_mib=disk_mib,
         )  # fmt: skip
-        try:
-            async with session_lock_async(self.home, record.id):
+        # Locked before the row exists: a `creating` session whose lock is free has lost
+        # its creator (killed), and queries may call it crashed (Queries._refresh).
+        async with session_lock_async(self.home, fresh.id):
+            record = await asyncio.to_thread(
+                self.store.insert_session, fresh, max_active=host_limits().max_sessions
+            )
+            faults.point("restore.session-inserted")
+            try:
                 forwards = [(await self._ports.allocate(record.id, g), g) for g in guest_ports]
                 spec = RestoreSpec(
                     files=self.files(record.id),
@@ -317,17 +325,22 @@ class Runtime(Queries):
                 record = await asyncio.to_thread(
                     self._record_running, record.id, started, checkpoint.disk_layer
                 )
+                faults.point("restore.recorded")
                 try:
                     grew = disk_mib is not None and await grow_block_device(
                         started.machine, disk_mib, at_create=True
                     )
                 finally:
                     await started.machine.close()
-            if grew:  # through the agent, which takes the session's lock itself
+            except BaseException:
+                await self._destroy(record)
+                raise
+        if grew:  # through the agent, which takes the session's lock itself
+            try:
                 await grow_filesystem(self, record.id)
-        except BaseException:
-            await self._destroy(record)
-            raise
+            except BaseException:
+                await self._destroy(record)
+                raise
         return await asyncio.to_thread(self.session_of, record)
 
     def _record_running(
@@ -485,6 +498,31 @@ class Runtime(Queries):
         ScanCache(self.home.root / "scans").forget(record.id)
         self.gc()
 
+    def verify_checkpoint(self, checkpoint: str) -> list[FileCheck]:
+        """Hash every file of a checkpoint against its manifest (blocking; reads the whole
+        RAM file's data: ≈ 0.1 s per 100 MiB written). A file that differs is reported,
+        not raised. :raises NotFound: :raises DamagedCheckpoint: its manifest is."""
+        from .integrity import verify_files
+
+        record = self.store.get_checkpoint(checkpoint)
+        return verify_files(self.checkpoint_files(record.id), record.manifest)
+
+    async def recover(self) -> list[Session | ForkpointError]:
+        """Bring back every ``crashed`` session from its latest checkpoint (a rollback:
+        same id, same ports), e.g. after the host restarted; one slot per session."""
+        crashed = [
+            s.id
+            for s in await asyncio.to_thread(self.list_sessions)
+            if s.state == SessionState.CRASHED
+        ]
+        out: list[Session | ForkpointError] = []
+        for session_id in crashed:  # one at a time: each restore is CPU-bound
+            try:
+                out.append(await self.rollback(session_id))
+            except ForkpointError as error:
+                out.append(error)
+        return out
+
     # -- portable checkpoints ----------------------------------------------------------
 
     def _portable(self) -> Local:
@@ -521,7 +559,7 @@ class Runtime(Queries):
         lineage. Fail-closed: every object is verified before anything becomes visible.
 
         :raises IncompatibleCheckpoint: this host cannot restore it (checked before any
-            RAM is downloaded); :raises CorruptCheckpoint: an object does not match its
+            RAM is downloaded); :raises DamagedCheckpoint: an object does not match its
             digest; :raises NotFound: no such checkpoint there.
         """
         from .portable.service import pull_checkpoint
@@ -636,6 +674,10 @@ class Runtime(Queries):
             await asyncio.to_thread(self._manifest, target.id, shape)
             files = self.files(record.id)
             await asyncio.to_thread(kill_session_processes, files, record)
+            faults.point("rollback.old-vm-killed")
+            # Its ports, unless another program took one while it was down (host restart).
+            if await asyncio.to_thread(self._ports.keep_or_move, record.id):
+                record = await asyncio.to_thread(self.store.get_session, record.id)
             generation = record.generation + 1
             spec = RestoreSpec(
                 files=files, checkpoint=self.checkpoint_files(target.id),
@@ -659,6 +701,7 @@ class Runtime(Queries):
                 self._record_running, record.id, started, target.disk_layer,
                 generation=generation, parent_checkpoint=target.id,
             )  # fmt: skip
+            faults.point("rollback.recorded")
             # A checkpoint from before the disk grew (the template) brings the old size.
             try:
                 grew = record.disk_mib is not None and await grow_block_device(

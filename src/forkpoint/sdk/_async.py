@@ -386,7 +386,7 @@ class AsyncCheckpoint:
         pushed under) from ``s3://BUCKET/PREFIX``, verified, and return it.
 
         :raises IncompatibleCheckpoint: this host cannot restore it (no RAM was
-            downloaded); :raises CorruptCheckpoint: an object did not match its digest.
+            downloaded); :raises DamagedCheckpoint: an object did not match its digest.
         """
         client = ApiClient(base_url, token, runtime)
         client.retain()

@@ -191,11 +191,15 @@ class Store:
             self._writing = True
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
                 conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if _is_full(exc):  # found by the fault campaign: was a bare OperationalError
+                    raise InternalError(
+                        f"cannot write the metadata database {self.path}: the disk is full"
+                    ) from exc
+                raise
             finally:
                 self._writing = False
 
@@ -611,6 +615,11 @@ class Store:
             ).fetchall()
             return [row[0] for row in rows]
 
+    def layer_names(self) -> set[str]:
+        """The name of every recorded layer."""
+        with self._read() as conn:
+            return {row[0] for row in conn.execute("SELECT name FROM layers")}
+
     def delete_layer(self, name: str) -> None:
         """Forget a layer. Delete its file only after this succeeded.
 
@@ -746,3 +755,11 @@ def _enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
     )
     if mode.lower() != "wal":
         raise InternalError(f"the metadata database cannot use WAL (mode: {mode})")
+
+
+def _is_full(error: BaseException) -> bool:
+    """SQLite could not write for want of space (SQLITE_FULL)."""
+    return isinstance(error, sqlite3.Error) and (
+        getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        or "disk is full" in str(error)
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -16,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from forkpoint.errors import QemuError
+from forkpoint import faults
+from forkpoint.errors import InternalError, QemuError
 from forkpoint.polling import poll_until
 from forkpoint.vm.argv import build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
@@ -314,12 +316,15 @@ class Machine:
         """
         started = time.perf_counter()
         await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
+        faults.point("checkpoint.ram-base-copied")
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
         old_name = await self._disk_name()
         await asyncio.to_thread(overlay_on_top, await self.active_disk(), new_overlay)
+        faults.point("checkpoint.overlay-made")
         base_copy_ms = (time.perf_counter() - started) * 1000
         paused = time.perf_counter()
         await self._qmp.run("stop")
+        faults.point("checkpoint.vm-stopped")
         try:
             try:
                 with disk_fds(new_overlay) as fds:
@@ -329,6 +334,7 @@ class Machine:
                     device="d0",
                     **{"snapshot-file": name, "format": "qcow2", "mode": "existing"},
                 )
+                faults.point("checkpoint.disk-switched")
             except BaseException:
                 new_overlay.unlink(missing_ok=True)  # the VM did not switch to it
                 raise
@@ -338,12 +344,24 @@ class Machine:
             t_state = time.perf_counter()
             await self._save_device_state(state_dest)
             device_state_ms = (time.perf_counter() - t_state) * 1000
+            faults.point("checkpoint.state-saved")
             t_ram = time.perf_counter()
+            ranges: list[tuple[int, int]] = []
             written = await asyncio.to_thread(
-                copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest
+                copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest, ranges
             )
             written_ms = (time.perf_counter() - t_ram) * 1000
-        except (LookupError, OSError) as error:
+            faults.point("checkpoint.pages-copied")
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):  # found by the fault campaign
+                raise InternalError(
+                    f"{self.files.name}: checkpoint failed, the disk is full ({error})"
+                ) from error
+            raise QemuError(
+                f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
+                "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
+            ) from error
+        except LookupError as error:
             raise QemuError(
                 f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
                 "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
@@ -363,6 +381,7 @@ class Machine:
             written_bytes=written,
             ram_bytes=allocated_bytes(ram_dest),
             state_bytes=state_dest.stat().st_size,
+            written_ranges=tuple(ranges),
         )
 
     async def _save_device_state(self, dest: Path) -> None:

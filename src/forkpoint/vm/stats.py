@@ -3,7 +3,7 @@ asyncio) so that reading a checkpoint's manifest loads neither."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["CheckpointStats"]
 
@@ -24,3 +24,6 @@ class CheckpointStats:
     written_bytes: int
     ram_bytes: int
     state_bytes: int
+    #: ``(offset, length)`` of the runs of pages written (not in manifests): what the RAM
+    #: file's integrity sum must be updated for.
+    written_ranges: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)

@@ -65,17 +65,23 @@ def written_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
     ]
 
 
-def copy_written_pages(pid: int, base: Path, size: int, dest: Path) -> int:
+def copy_written_pages(
+    pid: int, base: Path, size: int, dest: Path, ranges_out: list[tuple[int, int]] | None = None
+) -> int:
     """Write every page ``pid`` has written into its mapping of ``base`` over ``dest``.
 
     ``dest`` must already hold a copy of ``base``; the VM must be paused. Returns the
-    bytes written. Copies on several threads (the VM is paused: the CPUs are free).
+    bytes written (and appends the runs written to ``ranges_out``). Copies on several
+    threads (the VM is paused: the CPUs are free).
     :raises LookupError: ``pid`` does not map ``base``.
     """
     start = mapping_start(pid, base, size)
+    ranges = written_ranges(pid, start, size)
+    if ranges_out is not None:
+        ranges_out.extend(ranges)
     chunks = [
         (offset, min(_CHUNK, run_start + length - offset))
-        for run_start, length in written_ranges(pid, start, size)
+        for run_start, length in ranges
         for offset in range(run_start, run_start + length, _CHUNK)
     ]
     workers = min(_WORKERS, len(chunks))

@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from forkpoint.errors import CorruptCheckpoint, IncompatibleCheckpoint
+from forkpoint.errors import DamagedCheckpoint, IncompatibleCheckpoint
 from forkpoint.models import ID_PATTERN
 
 __all__ = ["FORMAT", "Blob", "LayerBlob", "PortableManifest", "RamPack", "parse_ref"]
@@ -91,12 +91,12 @@ class PortableManifest:
     def decode(cls, data: bytes, digest: str) -> PortableManifest:
         """The manifest stored under ``digest``, verified first.
 
-        :raises CorruptCheckpoint: its bytes do not hash to ``digest``, or are not a
+        :raises DamagedCheckpoint: its bytes do not hash to ``digest``, or are not a
             manifest; :raises IncompatibleCheckpoint: another format.
         """
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
-            raise CorruptCheckpoint(
+            raise DamagedCheckpoint(
                 f"manifest {digest[:16]} is corrupt: its bytes hash to {actual[:16]}"
             )
         try:
@@ -117,7 +117,7 @@ class PortableManifest:
             )
             manifest._validate()
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptCheckpoint(f"manifest {digest[:16]} is malformed: {error}") from error
+            raise DamagedCheckpoint(f"manifest {digest[:16]} is malformed: {error}") from error
         return manifest
 
     def _validate(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from forkpoint.errors import CorruptCheckpoint, InternalError, InvalidInput, NotFound
+from forkpoint.errors import DamagedCheckpoint, InternalError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -52,7 +52,7 @@ class ObjectStore(Protocol):
     def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None: ...
     def get_bytes(self, key: str) -> bytes: ...
     def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
-        """Download ``key`` to ``dest``; stop with CorruptCheckpoint past ``max_bytes``."""
+        """Download ``key`` to ``dest``; stop with DamagedCheckpoint past ``max_bytes``."""
 
     def describe(self) -> str: ...
 
@@ -202,7 +202,7 @@ class S3Store:
 
 def _check_size(key: str, size: int, max_bytes: int | None) -> None:
     if max_bytes is not None and size > max_bytes:
-        raise CorruptCheckpoint(f"object {key} is larger than its manifest says ({max_bytes})")
+        raise DamagedCheckpoint(f"object {key} is larger than its manifest says ({max_bytes})")
 
 
 def _valid_endpoint(endpoint: str) -> bool:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from forkpoint.errors import Conflict, CorruptCheckpoint, IncompatibleCheckpoint, NotFound
+from forkpoint.errors import Conflict, DamagedCheckpoint, IncompatibleCheckpoint, NotFound
 from forkpoint.images import get_image
 from forkpoint.models import CheckpointKind
 from forkpoint.runtime.capacity import checkpoint_bytes, require_space
@@ -68,7 +68,7 @@ class Puller:
             raise NotFound(f"no checkpoint {ref!r} in {self.objects.describe()}") from None
         found, _ = parse_ref(text)
         if found is None:
-            raise CorruptCheckpoint(f"ref {ref!r} in {self.objects.describe()} is malformed")
+            raise DamagedCheckpoint(f"ref {ref!r} in {self.objects.describe()} is malformed")
         return found
 
     def pull(self, ref: str) -> tuple[str, str]:
@@ -76,7 +76,7 @@ class Puller:
         Returns its local id and its digest.
 
         :raises IncompatibleCheckpoint: this host cannot restore it (nothing downloaded
-            but manifests); :raises CorruptCheckpoint: an object does not match its digest
+            but manifests); :raises DamagedCheckpoint: an object does not match its digest
             (nothing made visible); :raises NotFound: no such checkpoint in the store.
         """
         digest = self.resolve(ref)
@@ -125,7 +125,7 @@ class Puller:
         host facts; then the image its disk stacks on)."""
         manifest = Manifest.from_dict(portable.checkpoint)
         if portable.ram.size != manifest.shape.memory_mib << 20:
-            raise CorruptCheckpoint(
+            raise DamagedCheckpoint(
                 f"checkpoint {manifest.id}: a RAM of {portable.ram.size} bytes for a guest of "
                 f"{manifest.shape.memory_mib} MiB"
             )
@@ -162,7 +162,7 @@ class Puller:
             self.objects.get_file(blob.key, dest, max_bytes=blob.bytes)
             actual = sha256_file(dest)
             if actual != blob.digest:
-                raise CorruptCheckpoint(
+                raise DamagedCheckpoint(
                     f"object {blob.key} in {self.objects.describe()} is corrupt: its bytes "
                     f"hash to {actual[:16]}…, not {blob.digest[:16]}…; nothing was imported"
                 )
