@@ -3,7 +3,7 @@
 Every step of create, checkpoint, fork, rollback, rm and GC that writes a file, changes
 the store, starts or stops a process calls :func:`point` with a stable name. Normally
 that is one test of a module global (the switch is read once, at import). The fault
-campaign (``tools/faults.py``) sets, for one forkpoint process:
+campaign (``tests/faults_campaign.py``) sets, for one forkpoint process:
 
 - ``FORKPOINT_CRASH_TRACE=FILE``: append every point passed to FILE, one name a line
   (how the campaign learns which points an operation passes, in order);

@@ -18,10 +18,6 @@ import contextlib
 import importlib.util
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +25,8 @@ from typing import Any
 
 from forkpoint.config import Home
 from forkpoint.runtime import Runtime
+
+from .local_s3 import local_s3
 
 __all__ = ["measure_portable"]
 
@@ -99,60 +97,10 @@ def _store(scratch: Path, log: Callable[[str], None]) -> Iterator[str | None]:
         yield f"s3://bench/{prefix}"
 
 
-_AWS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-
-
 @contextlib.contextmanager
 def _localbucket(data: Path) -> Iterator[str]:
-    """localbucket on a free loopback port, bucket ``bench`` made; the AWS variables point
-    at it while it runs (it checks no credentials, but requests are signed)."""
-    (data / "bench").mkdir(parents=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, localbucket; sys.exit(localbucket.main())",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            str(data),
-        ],  # fmt: skip
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    saved = {key: os.environ.get(key) for key in _AWS}
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-    )  # fmt: skip
     try:
-        _wait_listening(port)
-        yield endpoint
+        with local_s3(data, "bench") as endpoint:
+            yield endpoint
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         shutil.rmtree(data, ignore_errors=True)
-
-
-def _wait_listening(port: int) -> None:
-    def up() -> bool | None:
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return True
-        return None
-
-    deadline = time.monotonic() + 10
-    while up() is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError("localbucket did not start")
-        time.sleep(0.05)

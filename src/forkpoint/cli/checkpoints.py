@@ -263,21 +263,40 @@ def recover_command(as_json: bool = JSON_OPTION) -> None:
 
     with spinner("recovering crashed sessions…"), Timer() as timer:
         results = run(op)
+    ok = sum(not isinstance(r, ForkpointError) for r in results)
+    headline = (
+        f"[bold green]recovered[/] {ok} of {len(results)} crashed session"
+        f"{'s' if len(results) != 1 else ''} in {format_ms(timer.ms)}"
+    )
+    _report_sessions(
+        results, as_json, headline, lambda s: console.print(
+            f"  [cyan]{s.id}[/] from {s.parent_checkpoint}", highlight=False
+        ),
+    )  # fmt: skip
+
+
+def _report_sessions(
+    results: list[Session | ForkpointError],
+    as_json: bool,
+    headline: str,
+    show: Callable[[Session], None],
+    failed: str = "",
+) -> None:
+    """Sessions an operation made, each failure in its place; exits with the worst
+    failure's code."""
     failures = [r for r in results if isinstance(r, ForkpointError)]
     if as_json:
         emit_json([{"error": r.to_dict()} if isinstance(r, ForkpointError) else r for r in results])
     else:
-        ok = len(results) - len(failures)
-        console.print(
-            f"[bold green]recovered[/] {ok} of {len(results)} crashed session"
-            f"{'s' if len(results) != 1 else ''} in {format_ms(timer.ms)}",
-            highlight=False,
-        )
+        console.print(headline, highlight=False)
         for r in results:
             if isinstance(r, ForkpointError):
-                err_console.print(f"[bold red]error:[/] {escape(r.message)}", highlight=False)
+                err_console.print(
+                    f"[bold red]error:[/] {failed}{escape(r.message)}", highlight=False,
+                    soft_wrap=True,
+                )  # fmt: skip
             else:
-                console.print(f"  [cyan]{r.id}[/] from {r.parent_checkpoint}", highlight=False)
+                show(r)
     if failures:
         raise typer.Exit(max(f.exit_code for f in failures))
 
@@ -334,28 +353,17 @@ def fork_command(
 
     with spinner(f"forking {checkpoint} ×{count}…"), Timer() as timer:
         results = run(op)
-    failures = [r for r in results if isinstance(r, ForkpointError)]
-    if as_json:
-        emit_json([{"error": r.to_dict()} if isinstance(r, ForkpointError) else r for r in results])
-    else:
-        ok = len(results) - len(failures)
-        console.print(
-            f"[bold green]forked[/] {ok} session{'s' if ok != 1 else ''} from "
-            f"[cyan]{escape(checkpoint)}[/] in {format_ms(timer.ms)}",
-            highlight=False,
-        )
-        for r in results:
-            if isinstance(r, ForkpointError):
-                err_console.print(
-                    f"[bold red]error:[/] fork failed: {escape(r.message)}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            else:
-                console.print(f"  [cyan]{r.id}[/]", highlight=False)
-                print_ports(r, indent="    ")
-    if failures:
-        raise typer.Exit(max(f.exit_code for f in failures))
+    ok = sum(not isinstance(r, ForkpointError) for r in results)
+    headline = (
+        f"[bold green]forked[/] {ok} session{'s' if ok != 1 else ''} from "
+        f"[cyan]{escape(checkpoint)}[/] in {format_ms(timer.ms)}"
+    )
+
+    def show(session: Session) -> None:
+        console.print(f"  [cyan]{session.id}[/]", highlight=False)
+        print_ports(session, indent="    ")
+
+    _report_sessions(results, as_json, headline, show, failed="fork failed: ")
 
 
 def _rollback_preview(session: str, checkpoint: str | None, *, patch: bool, as_json: bool) -> None:
