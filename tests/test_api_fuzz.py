@@ -37,11 +37,11 @@ pytestmark = pytest.mark.vm
 
 FORKPOINT = Path(sys.executable).with_name("forkpoint")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
-CAP = 3  # FORKPOINT_API_MAX_SESSIONS of the fuzzed server
+CAP = 4  # FORKPOINT_API_MAX_SESSIONS of the fuzzed server (a diff adds a scratch fork)
 HEAVY = 2  # FORKPOINT_API_MAX_HEAVY: one operation the fuzzer stopped waiting for, one more
 RUNS = (("examples,coverage,fuzzing", 25), ("stateful", 60))  # phases, seconds each
 FOCUSED_S = 30  # a last stateful run towards operations still without a 2xx, if any ...
-FOCUSED_RUNS = 4  # ... while some are still missing (a loaded host gets fewer requests in)
+FOCUSED_RUNS = 6  # ... while some are still missing (a loaded host gets fewer requests in)
 _LIVE = (SessionState.RUNNING, SessionState.CREATING)
 # Longer scenarios than the default 6 steps (create -> checkpoint -> fork -> exec -> ...),
 # along the spec's own links only: links schemathesis infers from field names (any "id"
