@@ -31,7 +31,7 @@ from forkpoint.errors import (
 )
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.machines import new_layer_name
+from forkpoint.runtime.machines import guest_hostname, new_layer_name
 from forkpoint.runtime.manifest import Manifest
 from forkpoint.server import create_app
 from forkpoint.store import SessionState, session_lock
@@ -179,6 +179,19 @@ def test_rolling_back_to_an_unknown_checkpoint_names_it(rt: Runtime, parent: Ses
             run(call(parent.id, "c-0000000000"))
         assert isinstance(caught.value, NotFound) and caught.value.http_status == 409
     assert rt.get(parent.id).state == "running"
+
+
+def test_any_session_name_makes_a_valid_guest_hostname() -> None:
+    """The fuzzer's 500: a name may hold ``..`` or ``_``, a hostname may not."""
+    from forkpoint.protocol import RestoreIdentityArgs
+
+    for name, expected in [
+        ("QdTJwif8gMwp0..Wi2KH", "QdTJwif8gMwp0-Wi2KH"), ("a_b", "a-b"), ("web.1", "web-1"),
+        ("_", "s-0123456789"), (None, "s-0123456789"), ("x" * 63, "x" * 63),
+    ]:  # fmt: skip
+        hostname = guest_hostname(name, "s-0123456789")
+        assert hostname == expected
+        RestoreIdentityArgs(time.time_ns(), bytes(16), hostname)  # the agent accepts it
 
 
 def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ __all__ = [
     "ResumeTogether",
     "Started",
     "boot_files",
+    "guest_hostname",
     "identity_token",
     "jail_of",
     "new_layer_name",
@@ -108,6 +110,13 @@ def new_layer_name() -> str:
 def boot_files(image: Image, shape: MachineShape) -> BootFiles:
     """The image's kernel and initramfs with the command line for this machine."""
     return BootFiles(image.kernel, image.initrd, guest_cmdline(shape.accel, host_tsc_khz()))
+
+
+def guest_hostname(name: str | None, session_id: str) -> str:
+    """The guest's hostname for a session: its name as one DNS label (a name may hold
+    ``_`` or ``..``, which a hostname may not), else its id."""
+    label = re.sub(r"[^A-Za-z0-9-]+", "-", name or "").strip("-")[:63].rstrip("-")
+    return label or session_id
 
 
 @dataclass(frozen=True)

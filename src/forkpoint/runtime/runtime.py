@@ -84,6 +84,7 @@ from .machines import (
     ResumeTogether,
     Started,
     boot_files,
+    guest_hostname,
     identity_token,
     jail_of,
     start_restored,
@@ -318,7 +319,7 @@ class Runtime(Queries):
                     checkpoint=self.checkpoint_files(checkpoint.id),
                     checkpoint_layer=checkpoint.disk_layer, shape=shape,
                     boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
-                    hostname=name or record.id, token=identity_token(record.id, 0),
+                    hostname=guest_hostname(name, record.id), token=identity_token(record.id, 0),
                     jail=jail_of(record), egress=policy_of(record),
                 )  # fmt: skip
                 started = await start_restored(self.home, spec, loaded)
@@ -684,7 +685,8 @@ class Runtime(Queries):
                 checkpoint_layer=target.disk_layer, shape=shape, boot=boot_files(image, shape),
                 network=record.network,
                 forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
-                hostname=record.name or record.id, token=identity_token(record.id, generation),
+                hostname=guest_hostname(record.name, record.id),
+                token=identity_token(record.id, generation),
                 jail=jail_of(record), egress=policy_of(record),
             )  # fmt: skip
             try:
@@ -859,7 +861,7 @@ class Runtime(Queries):
         # Every connection re-sends the session's identity: the guest applies it unless it
         # already did (the copy posted right after the restore may not have arrived).
         identity = fresh_identity(
-            identity_token(record.id, record.generation), record.name or record.id
+            identity_token(record.id, record.generation), guest_hostname(record.name, record.id)
         )
         return await AgentClient.connect(
             files.agent_socket, timeout=AGENT_READY_TIMEOUT_S, identity=identity
