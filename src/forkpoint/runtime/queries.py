@@ -8,7 +8,7 @@ so the CLI's quick path (``forkpoint ls --json``) uses it alone.
 from __future__ import annotations
 
 from forkpoint.config import Home
-from forkpoint.errors import Conflict, ForkpointError
+from forkpoint.errors import Conflict, ForkpointError, NotFound
 from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.vm.files import VmFiles
@@ -104,7 +104,13 @@ class Queries:
         return self.session_of(self._refresh(self.store.get_session(session)))
 
     def list_sessions(self) -> list[Session]:
-        return [self.session_of(self._refresh(r)) for r in self.store.list_sessions()]
+        listed = []
+        for record in self.store.list_sessions():
+            try:
+                listed.append(self.session_of(self._refresh(record)))
+            except NotFound:
+                continue  # removed by another process since the list was read
+        return listed
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         return self.checkpoint_of(self.store.get_checkpoint(checkpoint))
