@@ -15,6 +15,7 @@ from pathlib import Path
 import zstandard
 
 from forkpoint.config import Home
+from forkpoint.images.tmpdirs import pid_alive
 from forkpoint.store import Store
 from forkpoint.vm.shape import MachineShape
 
@@ -95,7 +96,7 @@ def scratch(local: Local) -> Iterator[Path]:
     root.mkdir(parents=True, exist_ok=True)
     for old in root.iterdir():
         pid = old.name.split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     path = root / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
@@ -103,16 +104,6 @@ def scratch(local: Local) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def compress(src: Path, dest: Path) -> None:
