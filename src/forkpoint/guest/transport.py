@@ -24,7 +24,12 @@ __all__ = [
 ]
 
 READ_BYTES: Final = 64 * 1024
-IDLE_POLL_S: Final = 0.05  # while no host is connected the port reports POLLHUP constantly
+IDLE_POLL_S: Final = 0.05  # the test transport's reconnect interval
+# With no host connected the port reports POLLHUP on every poll, but the driver wakes its
+# wait queue only when a host connects or data comes: edge-triggered epoll sleeps until
+# then. The timeout is a safety net; at 50 ms (the seed's polling) an idle guest woke its
+# agent 20 times a second, most of an idle VM's CPU under TCG (docs: "The VM").
+HOST_WAIT_S: Final = 1.0
 _SYSFS_PORTS: Final = "/sys/class/virtio-ports"
 
 
@@ -76,7 +81,7 @@ class VirtioPortTransport:
     With no host client connected, ``read`` returns 0 and ``poll`` reports POLLHUP; the
     port stays usable and data flows again once a host connects (also after a VM
     restore). Waiting uses edge-triggered epoll, which the driver wakes on data and on
-    host connect/disconnect, with a short timeout as a safety net.
+    host connect/disconnect (see ``HOST_WAIT_S``).
     """
 
     def __init__(self, path: str) -> None:
@@ -99,12 +104,12 @@ class VirtioPortTransport:
                 return data
             if data is None:
                 self._connected = True
-                self._ep.poll(1.0)
+                self._ep.poll(HOST_WAIT_S)
                 continue
             if self._connected:  # the host connection just ended
                 self._connected = False
                 raise Disconnected
-            self._ep.poll(IDLE_POLL_S)
+            self._ep.poll(HOST_WAIT_S)
 
     def send(self, data: bytes) -> bool:
         view = memoryview(data)

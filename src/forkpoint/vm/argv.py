@@ -68,8 +68,10 @@ def build_argv(
         str(build.binary),
         "-name", files.name,
         # suppress-vmdesc: device-only saves have no VM description section; without
-        # this every load looks for one and logs a warning.
-        "-M", "microvm,memory-backend=mem,pit=on,pic=on,rtc=on,suppress-vmdesc=on",
+        # this every load looks for one and logs a warning. pit=off: the guest kernel
+        # (TSC clocksource, local-APIC timer with ARAT) never uses the PIT, but the
+        # firmware leaves it running and QEMU then woke 36 times a second to emulate it.
+        "-M", "microvm,memory-backend=mem,pit=off,pic=on,rtc=on,suppress-vmdesc=on",
         "-accel", _accel(shape),
         "-cpu", _CPU,
         "-m", mem,

@@ -16,7 +16,7 @@ __all__ = ["BootFiles", "MachineShape", "Network"]
 Network = Literal["user", "none"]
 
 # Bumped whenever the argv's device layout changes: old checkpoints then refuse to load.
-ARGV_LAYOUT_VERSION = 6
+ARGV_LAYOUT_VERSION = 7
 
 
 @dataclass(frozen=True)
