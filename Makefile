@@ -59,7 +59,7 @@ demo: setup
 	$(FP) demo --out $(DEMO_OUT)
 
 bench: setup
-	$(FP) bench --out bench-out
+	FORKPOINT_MAX_SESSIONS=128 $(FP) bench --out bench-out
 
 # The full fault campaign (docs/reliability.md; make test runs the reduced one) and the
 # load test, each in its own scratch home beside $$FORKPOINT_HOME's images.

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from forkpoint.bench import build_result, op_rows, percentile, render_markdown, summarize
+from forkpoint.bench.fanout import fanout_rows, pss_mib
 from forkpoint.bench.report import BASELINES, OPS, READY, TARGETS, write_report
-from forkpoint.bench.suite import pss_mib
 
 # -- stats -----------------------------------------------------------------------------
 
@@ -118,6 +118,30 @@ def test_rows_compare_with_baselines() -> None:
     assert rows["fork x1"][4] == "—"
 
 
+def test_fanout_rows_show_before_target_and_peer() -> None:
+    base = _synthetic()
+    base["scaling"][1]["pause_p50_ms"] = 80.0
+    idle = {"forks": 20, "qemu_mib": 40.0, "helper_mib": 18.0, "per_fork_mib": 58.0}
+    base["fanout"] = {
+        "density": {"20": {**idle, "idle_cpu_pct": 0.5}},
+        "fork100": {"op": {"p50_ms": 9000.0}, "ready": {"p50_ms": 30000.0}},
+    }
+    rows = {row[0]: row for row in fanout_rows(base)}
+    assert rows["fork x20"][1:4] == ["2500 ms", "1.62 s", "≤ 500 ms ❌"]
+    assert "CubeSandbox" in rows["fork x20"][4]
+    assert rows["fork x100, all serving"][1:4] == ["30.0 s", "—", "≤ 4000 ms ❌"]
+    memory = rows["memory per idle fork, 20 live (QEMU 40 + passt 18)"]
+    assert memory[1:4] == ["58 MiB", "51 MiB", "≤ 20 MiB ❌"]
+    assert rows["checkpoint pause, 1 GiB written"][1:4] == [
+        "80 ms",
+        "≈ 530 ms (whole checkpoint)",
+        "≤ 100 ms ✅",
+    ]
+    assert rows["CPU of an idle VM (QEMU + passt)"][3] == "≤ 1.0 % ✅"
+    assert "## Fan-out and density" in render_markdown(base)
+    assert fanout_rows(_synthetic())[-1][0] == "rollback"  # nothing of what was not measured
+
+
 def test_markdown_report(tmp_path: Path) -> None:
     json_path, md_path = write_report(_synthetic(), tmp_path / "out")
     assert json.loads(json_path.read_text())["ops"]["create"]["n"] == 10
@@ -168,6 +192,10 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     assert result["memory"]["method"] == "pss"
     assert result["memory"]["fork20_total_mib"] > 0
     assert result["fork20_serving"] >= 1
+    idle = result["fanout"]["density"]["20"]
+    assert idle["forks"] >= 1 and idle["qemu_mib"] > 0 and idle["helper_mib"] > 0, idle
+    assert 0 < idle["idle_cpu_pct"] < 100, idle
+    assert "## Fan-out and density" in (tmp_path / "bench.md").read_text()
     assert [row["in_use_mib"] for row in result["scaling"]] == [64, 256]
     assert all(row["checkpoint_p50_ms"] > 0 for row in result["scaling"])
     assert result["host"]["cpus"] >= 1 and result["host"]["accel"] in ("kvm", "tcg")

@@ -199,7 +199,7 @@ def test_oversized_json_is_413(unix_server: Served) -> None:
         ("/v1/sessions", {"ports": [65536]}),
         ("/v1/sessions", {"name": "../etc"}),
         ("/v1/sessions", {"unknown_field": 1}),
-        ("/v1/checkpoints/x/fork", {"count": 65}),
+        ("/v1/checkpoints/x/fork", {"count": 129}),
         ("/v1/checkpoints/x/fork", {"count": 0}),
         ("/v1/sessions/x/exec", {"command": []}),
         ("/v1/sessions/x/exec", {"command": "true", "timeout": -1}),

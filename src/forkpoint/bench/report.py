@@ -11,7 +11,10 @@
     baselines  {cold_boot_create, full_ram_checkpoint, full_ram_restore,
                 qemu_start_floor, ram_copy_floor}: {p50_ms, p95_ms, n}
     memory     {fork20_total_mib, method, forks_measured, target_mib, meets_target}
-    scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, checkpoint_mib}]
+    scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, pause_p50_ms, checkpoint_mib}]
+    fanout     {density: {"20"|"100": {forks, qemu_mib, helper_mib, per_fork_mib, total_mib,
+               idle_cpu_pct, window_s}}, fork100: {op, ready: Summary, serving, count}} -- live idle
+               forks' PSS and CPU per VM; fork x100 when the host allows it
     cli        {ls, show, exec}: {p50_ms, p95_ms, n} -- wall time of one ``forkpoint`` process
                (``ls --json`` with a few sessions, ``show S --json``, ``exec S -- true``);
                ``ls`` also {target_ms, meets_target}: what a CLI-driven agent pays per call
@@ -27,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .fanout import fanout_rows
 from .stats import Summary
 
 __all__ = [
@@ -97,6 +101,7 @@ def build_result(
     e2b: Mapping[str, Summary] | None = None,
     history: Mapping[str, Any] | None = None,
     portable: Mapping[str, Any] | None = None,
+    fanout: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble ``bench.json`` and judge every operation against its target."""
     op_out: dict[str, Any] = {}
@@ -138,6 +143,8 @@ def build_result(
             result["history"]["meets_target"] = warm["p50_ms"] <= history["diff_target_ms"]
     if portable:
         result["portable"] = dict(portable)
+    if fanout:
+        result["fanout"] = dict(fanout)
     if wall_s is not None:
         result["wall_s"] = round(wall_s, 1)
     return result
@@ -216,6 +223,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         f"Forks that failed to start during the run: {result.get('fork_failures', 0)}.",
         "",
     ]
+    lines += _fanout_lines(result)
     lines += ["## Baselines", "", "| baseline | p50 | p95 | n |", "|---|---:|---:|---:|"]
     for name in BASELINES:
         entry = result["baselines"][name]
@@ -224,15 +232,15 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         "",
         "## Checkpoint cost vs memory in use",
         "",
-        "| in use | configured RAM | checkpoint written | checkpoint p50 |",
-        "|---:|---:|---:|---:|",
+        "| in use | configured RAM | checkpoint written | checkpoint p50 | VM paused p50 |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for row in result["scaling"]:
-        written = row.get("checkpoint_mib")
+        written, pause = row.get("checkpoint_mib"), row.get("pause_p50_ms")
         lines.append(
             f"| {row['in_use_mib']} MiB | {row['configured_mib']} MiB | "
             f"{'—' if written is None else f'{written:.0f} MiB'} | "
-            f"{_ms(row['checkpoint_p50_ms'])} |"
+            f"{_ms(row['checkpoint_p50_ms'])} | {'—' if pause is None else _ms(pause)} |"
         )
     lines += _cli_lines(result.get("cli", {}))
     lines += _e2b_lines(result.get("e2b", {}))
@@ -262,6 +270,25 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     if "wall_s" in result:
         lines.append(f"- bench wall time: {result['wall_s']:.0f} s")
     return "\n".join(lines) + "\n"
+
+
+def _fanout_lines(result: Mapping[str, Any]) -> list[str]:
+    rows = fanout_rows(result)
+    if not rows:
+        return []
+    lines = [
+        "## Fan-out and density",
+        "",
+        "Each measure beside forkpoint's figure before the fan-out work and the peer figure "
+        "it chases (vendor numbers, KVM hosts with more cores: compare per child and per "
+        "core). Memory is PSS per live idle fork; CPU is per idle VM, measured on the "
+        "live forks once all served.",
+        "",
+        "| measure | now (p50) | before | target | peer |",
+        "|---|---:|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*lines, ""]
 
 
 def _history_lines(history: Mapping[str, Any]) -> list[str]:

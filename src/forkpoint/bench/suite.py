@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,17 +26,19 @@ from forkpoint.images import get_image
 from forkpoint.models import Session
 from forkpoint.polling import poll_until
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.capacity import host_limits
 from forkpoint.runtime.machines import boot_files
 from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
 from .baselines import Baselines
 from .e2b import measure_e2b
+from .fanout import density
 from .history import measure_history
 from .portable import measure_portable
 from .report import build_result
 from .stats import Summary, summarize
 
-__all__ = ["Plan", "Suite", "pss_mib"]
+__all__ = ["Plan", "Suite"]
 
 T = TypeVar("T")
 
@@ -59,6 +61,8 @@ SERVER_CODE = (
 _SERVER_CMD = ["python3", "-S", "-c", SERVER_CODE]
 _SERVER_TIMEOUT_S = 120.0
 _SERVING_TIMEOUT_S = 15.0
+_FAN_SERVING_TIMEOUT_S = 180.0  # 100 TCG guests re-translating on 2 cores
+_FORK_BUDGET_MIB = 160  # host memory a fork may need at most while it settles
 _ALLOC_TIMEOUT_S = 300.0
 _CLI_REPS = 10  # cheap: a process each
 
@@ -76,6 +80,11 @@ class Plan:
     scaling_reps: int
     scaling_memory_mib: int  # configured RAM of the scaling VM: more than it will use
     fork_wide: int = 20
+    fork_widest: int = 100  # 0 leaves fork x100 out
+    fork100_reps: int = 1
+    # idle forks: wait for them to settle, then measure their CPU over a window
+    idle_settle_s: float = 5.0
+    idle_window_s: float = 10.0
     # diff with 10,000 files and history steps (bench/history.py): 0 leaves them out
     history_reps: int = 3
 
@@ -93,6 +102,7 @@ class Plan:
             reps=3, fork20_reps=1, cold_boot_reps=1, baseline_reps=2,
             scaling_mib=(64, 256), scaling_reps=2, scaling_memory_mib=MEMORY_MIB,
             history_reps=0,  # making the 10,000 files alone takes a quick run's budget
+            fork_widest=0, idle_settle_s=1.0, idle_window_s=3.0,
         )  # fmt: skip
 
 
@@ -165,32 +175,29 @@ class Suite:
             )
 
         wide = plan.fork_wide
-        fork20: list[float] = []
-        fork20_ready: list[float] = []
-        serving: list[int] = []
+        fanned = await self._fan_out(checkpoint.id, wide, plan.fork20_reps)
+        ops["fork20"], ready["fork20"] = summarize(fanned.op_ms), summarize(fanned.ready_ms)
+        serving = fanned.serving
         memory: dict[str, Any] = {}
-        for i in range(plan.fork20_reps):
-            started_fork = time.perf_counter()
-            ms, forks = await _timed(self._fork_sessions(checkpoint.id, wide))
-            fork20.append(ms)
-            try:
-                serving.append(await self._count_serving(forks))
-                fork20_ready.append((time.perf_counter() - started_fork) * 1000)
-                if not memory:
-                    total = sum(self._session_pss_mib(s.id) for s in forks)
-                    memory = {
-                        "fork20_total_mib": round(total, 1),
-                        "method": "pss",
-                        "forks_measured": len(forks),  # fewer than 20 if some failed
-                    }
-                    self.log(f"memory of {wide} live forks: {total:.0f} MiB (PSS)")
-            finally:
-                await self._remove_sessions(forks)
-            self.log(
-                f"fork{wide} {i + 1}/{plan.fork20_reps}: {ms:.0f} ms, {serving[-1]} serving "
-                f"after {fork20_ready[-1]:.0f} ms"
-            )
-        ops["fork20"], ready["fork20"] = summarize(fork20), summarize(fork20_ready)
+        fanout: dict[str, Any] = {"density": {}}
+        if fanned.density:
+            fanout["density"][str(wide)] = fanned.density
+            memory = {
+                "fork20_total_mib": fanned.density["total_mib"],
+                "method": "pss",
+                "forks_measured": fanned.density["forks"],  # fewer than 20 if some failed
+            }
+        widest = self._widest_allowed()
+        if widest:
+            most = await self._fan_out(checkpoint.id, widest, plan.fork100_reps)
+            fanout[f"fork{widest}"] = {
+                "op": summarize(most.op_ms),
+                "ready": summarize(most.ready_ms),
+                "serving": min(most.serving),
+                "count": widest,
+            }
+            if most.density:
+                fanout["density"][str(widest)] = most.density
 
         ops["rollback"], ready["rollback"] = await self._repeat(
             "rollback", plan.reps, lambda: self._rollback_once(server.id, checkpoint.id, url)
@@ -217,6 +224,7 @@ class Suite:
             scaling=scaling,
             host=host,
             fork20_serving=min(serving) if serving else 0,
+            fanout=fanout,
             fork_failures=self.fork_failures,
             fork_wide=wide,
             quick=plan == Plan.quick(),
@@ -300,18 +308,57 @@ class Suite:
         await self._wait_http(url, _SERVING_TIMEOUT_S)
         return ms, (time.perf_counter() - started) * 1000
 
-    async def _count_serving(self, sessions: list[Session]) -> int:
-        answers = await asyncio.gather(
-            *(self._serves(_url(s), _SERVING_TIMEOUT_S) for s in sessions)
-        )
+    async def _count_serving(
+        self, sessions: list[Session], timeout_s: float = _SERVING_TIMEOUT_S
+    ) -> int:
+        answers = await asyncio.gather(*(self._serves(_url(s), timeout_s) for s in sessions))
         return sum(answers)
 
-    # -- memory ------------------------------------------------------------------------
+    async def _fan_out(self, checkpoint_id: str, count: int, reps: int) -> _FanOut:
+        """Fork ``count`` at once ``reps`` times: operation and all-serving times; the
+        first repetition's forks are also measured idle (memory, CPU) before removal."""
+        result = _FanOut()
+        for i in range(reps):
+            started = time.perf_counter()
+            ms, forks = await _timed(self._fork_sessions(checkpoint_id, count))
+            result.op_ms.append(ms)
+            try:
+                result.serving.append(await self._count_serving(forks, _FAN_SERVING_TIMEOUT_S))
+                result.ready_ms.append((time.perf_counter() - started) * 1000)
+                if i == 0:
+                    records = [self.runtime.store.get_session(s.id) for s in forks]
+                    result.density = await density(
+                        records, settle_s=self.plan.idle_settle_s, window_s=self.plan.idle_window_s
+                    )
+                    self.log(
+                        f"{len(forks)} idle forks: {result.density['per_fork_mib']:.0f} MiB "
+                        f"each (PSS), {result.density['idle_cpu_pct']:.2f} % of a core each"
+                    )
+            finally:
+                await self._remove_sessions(forks)
+            self.log(
+                f"fork{count} {i + 1}/{reps}: {ms:.0f} ms, {result.serving[-1]} serving "
+                f"after {result.ready_ms[-1]:.0f} ms"
+            )
+        return result
 
-    def _session_pss_mib(self, session_id: str) -> float:
-        record = self.runtime.store.get_session(session_id)
-        pids = [record.qemu_pid, *record.aux_pids]
-        return sum(pss_mib(pid) for pid in pids if pid)
+    def _widest_allowed(self) -> int:
+        """The widest fan-out this host allows now (0: skipped, with the reason logged)."""
+        count = self.plan.fork_widest
+        if not count:
+            return 0
+        limit = host_limits().max_sessions
+        if limit < count + 2:
+            self.log(
+                f"fork{count} skipped: FORKPOINT_MAX_SESSIONS={limit} allows fewer sessions "
+                f"(make bench sets {count + 28})"
+            )
+            return 0
+        available = _mem_available_mib()
+        if available < count * _FORK_BUDGET_MIB:
+            self.log(f"fork{count} skipped: {available} MiB of memory available")
+            return 0
+        return count
 
     # -- baselines ---------------------------------------------------------------------
 
@@ -366,11 +413,13 @@ class Suite:
                     await self._allocate(session.id, target - allocated, f"/tmp/alloc-{target}")
                     allocated = target
                 samples: list[float] = []
+                pauses: list[float] = []
                 copied = 0
                 for _ in range(plan.scaling_reps):
                     ms, ck = await _timed(self.runtime.checkpoint(session.id))
                     self._checkpoints.append(ck.id)
                     samples.append(ms)
+                    pauses.append(ck.pause_ms)
                     copied = ck.size_bytes
                     await self._remove_checkpoint(ck.id)
                 p50 = summarize(samples)["p50_ms"]
@@ -379,6 +428,7 @@ class Suite:
                         "in_use_mib": target,
                         "configured_mib": plan.scaling_memory_mib,
                         "checkpoint_p50_ms": p50,
+                        "pause_p50_ms": summarize(pauses)["p50_ms"],
                         "checkpoint_mib": round(copied / (1 << 20), 1),
                     }
                 )
@@ -496,13 +546,16 @@ def _url(session: Session) -> str:
     return port.url + "/"
 
 
-def pss_mib(pid: int) -> float:
-    """Proportional set size of ``pid`` in MiB (0 if it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0.0
-    for line in text.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def _mem_available_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+@dataclass
+class _FanOut:
+    op_ms: list[float] = field(default_factory=list)
+    ready_ms: list[float] = field(default_factory=list)
+    serving: list[int] = field(default_factory=list)
+    density: dict[str, Any] | None = None

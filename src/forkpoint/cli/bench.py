@@ -59,7 +59,7 @@ def bench_command(
 
 
 def _print_tables(result: dict[str, Any]) -> None:
-    from forkpoint.bench import op_rows
+    from forkpoint.bench import fanout_rows, op_rows
 
     table = Table(title="forkpoint operations (512 MiB guest, web server)", title_justify="left")
     for column, justify in (
@@ -70,6 +70,14 @@ def _print_tables(result: dict[str, Any]) -> None:
     for row in op_rows(result):
         table.add_row(*row)
     console.print(table)
+    fanout = fanout_rows(result)
+    if fanout:
+        table = Table(title="fan-out and density (before, target, peer)", title_justify="left")
+        for column in ("measure", "now", "before", "target", "peer"):
+            table.add_column(column, justify="right" if column == "now" else "left")
+        for row in fanout:
+            table.add_row(*row)
+        console.print(table)
     scaling = Table(title="checkpoint vs memory in use", title_justify="left")
     for column in ("in use", "configured", "checkpoint p50"):
         scaling.add_column(column, justify="right")

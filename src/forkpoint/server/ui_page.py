@@ -242,7 +242,7 @@ async function select(id) {
     }
     diff = session.state === "running" ? api("POST", "/v1/diff", {a: id}) : null;
   } else if (ck) {
-    const count = el("input", {type: "number", min: "1", max: "64", value: "2", id: "fork-count",
+    const count = el("input", {type: "number", min: "1", max: "128", value: "2", id: "fork-count",
       "aria-label": "number of forks"});
     actions.append(count,
       el("button", {class: "act", onclick: () => act("fork", () =>
