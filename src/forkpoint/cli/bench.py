@@ -33,8 +33,9 @@ def bench_command(
     ] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Time create, checkpoint, fork x1/x3/x20 and rollback of a 512 MiB guest running a
-    web server, side by side with cold boot and a naive full-RAM save/restore.
+    """Time create, checkpoint, fork x1/x3/x20/x100 and rollback of a 512 MiB guest running
+    a web server, side by side with cold boot and a naive full-RAM save/restore; measure
+    idle forks' memory and CPU (fork x100 only where FORKPOINT_MAX_SESSIONS allows it).
 
     Progress goes to stderr. Every session and checkpoint it makes is removed again.
     """
