@@ -108,6 +108,7 @@ def _remove_all_test_sessions() -> None:
         return
     rt = Runtime.open()
     try:
+        rt.warm.drain()
         for leftover in rt.list_sessions():
             try:
                 asyncio.run(rt.remove(leftover.id))

@@ -192,6 +192,7 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     assert result["memory"]["method"] == "pss"
     assert result["memory"]["fork20_total_mib"] > 0
     assert result["fork20_serving"] >= 1
+    assert result["fanout"]["create_warm"]["n"] >= 1
     idle = result["fanout"]["density"]["20"]
     assert idle["forks"] >= 1 and idle["qemu_mib"] > 0 and idle["helper_mib"] > 0, idle
     assert 0 < idle["idle_cpu_pct"] < 100, idle

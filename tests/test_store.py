@@ -518,3 +518,25 @@ def test_locks_exclude_within_one_process_and_reject_bad_names(home: Home) -> No
         pass
     with pytest.raises(InvalidInput), session_lock(home, "../x"):
         pass
+
+
+# -- warm VMs ------------------------------------------------------------------------------
+
+
+def test_warm_vms_have_their_own_uids_and_are_taken_once(store: Store) -> None:
+    from forkpoint.store.warm import WarmStore
+
+    warm = WarmStore(store)
+    first = warm.reserve("c-0000000001", "k", "a.qcow2")
+    session = _session(store)  # a session created meanwhile gets another uid
+    second = warm.reserve("c-0000000001", "k", "b.qcow2")
+    assert len({first.uid, second.uid, session.uid}) == 3
+    assert warm.take("k") is None  # not started yet: no pid
+    warm.set_pid(first.id, 4242)
+    warm.set_pid(second.id, 4243)
+    assert warm.take("other") is None
+    taken = warm.take("k")
+    assert taken is not None and (taken.id, taken.qemu_pid) == (first.id, 4242)
+    assert [w.id for w in warm.all()] == [second.id]  # gone from the table once taken
+    warm.remove(second.id)
+    assert warm.all() == [] and warm.take("k") is None

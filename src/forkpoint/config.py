@@ -142,11 +142,14 @@ class HostLimits:
     ``disk_reserve``: free space that create, fork and checkpoint leave on the home's
     filesystem (``FORKPOINT_DISK_RESERVE``: a size like ``2G`` or a share like ``5%``;
     default 1 GiB). ``max_sessions``: running sessions at most (``FORKPOINT_MAX_SESSIONS``,
-    default 32).
+    default 32). ``warm_vms``: QEMU processes kept started ahead for creates of each
+    image template and machine shape in use (``FORKPOINT_WARM_VMS``, default 0: none; see
+    ``runtime/warm.py``).
     """
 
     disk_reserve: str = "1G"
     max_sessions: int = 32
+    warm_vms: int = 0
 
     @classmethod
     def from_env(cls) -> HostLimits:
@@ -154,7 +157,8 @@ class HostLimits:
         default = cls()
         reserve = os.environ.get("FORKPOINT_DISK_RESERVE", "").strip() or default.disk_reserve
         count = _env_int("FORKPOINT_MAX_SESSIONS", default.max_sessions, 1, 1 << 16)
-        limits = cls(reserve, count)
+        warm = _env_int("FORKPOINT_WARM_VMS", default.warm_vms, 0, 64)
+        limits = cls(reserve, count, warm)
         limits.reserve_bytes(1)  # fail now, not in the middle of an operation
         return limits
 

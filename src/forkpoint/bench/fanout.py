@@ -28,6 +28,7 @@ TARGETS: dict[str, float] = {
     "fork100_ready": 4000,
     "memory_per_fork_mib": 20,
     "create": 30,
+    "create_warm": 30,
     "rollback": 50,
     "pause_1gib": 100,
     "idle_cpu_pct": 1.0,
@@ -42,6 +43,7 @@ PREVIOUS: dict[str, str] = {
     "fork100": "— (`fork --count 64`: 16.5 s)",
     "memory_per_fork_mib": "51 MiB (measured as they served, not idle)",
     "create": "78 ms",
+    "create_warm": "78 ms (no warm VMs)",
     "rollback": "105 ms",
     "pause_1gib": "≈ 530 ms (whole checkpoint)",
     "idle_cpu_pct": "≈ 6 % (2.7 % measured alone)",
@@ -51,6 +53,7 @@ PEERS: dict[str, str] = {
     "fork100": "CubeSandbox 541 ms; forkd 101 ms",
     "memory_per_fork_mib": "CubeSandbox ≈ 25 MB an idle VM",
     "create": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
+    "create_warm": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
     "rollback": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
     "pause_1gib": "CubeSandbox pause 106 ms (XFS)",
 }
@@ -140,6 +143,7 @@ def fanout_rows(result: Mapping[str, Any]) -> list[list[str]]:
                 "MiB",
             )
     row("create", "create", p50(ops.get("create")), "ms")
+    row("create_warm", "create from a warm VM", p50(fanout.get("create_warm")), "ms")
     row("rollback", "rollback", p50(ops.get("rollback")), "ms")
     gib = next((r for r in result.get("scaling", []) if r["in_use_mib"] >= 1024), None)
     if gib and gib.get("pause_p50_ms") is not None:

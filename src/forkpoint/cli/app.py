@@ -29,6 +29,7 @@ def _register_all() -> None:
         serve,
         sessions,
         ui,
+        warm,
     )
 
     images.register(app)
@@ -42,6 +43,7 @@ def _register_all() -> None:
     serve.register(app)
     e2b.register(app)
     ui.register(app)
+    warm.register(app)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from forkpoint.cli._run import (
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.core import get_session, list_sessions
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
+from forkpoint.cli.warm import refill_after_create
 from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -110,11 +111,13 @@ def create_command(
         session = run(op)
     if as_json:
         emit_json(session)
-        return
-    label = f" ({escape(session.name)})" if session.name else ""
-    print_session(
-        session, f"[bold green]created[/] [cyan]{session.id}[/]{label} in {format_ms(timer.ms)}"
-    )
+    else:
+        label = f" ({escape(session.name)})" if session.name else ""
+        print_session(
+            session,
+            f"[bold green]created[/] [cyan]{session.id}[/]{label} in {format_ms(timer.ms)}",
+        )
+    refill_after_create(image, memory, cpus, network)
 
 
 @reports_errors

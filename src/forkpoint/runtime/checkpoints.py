@@ -153,9 +153,12 @@ class Checkpointer:
 
         :raises InUse: sessions or checkpoints depend on it.
         """
+        from .warm import WarmPool  # here: warm VMs start restores, which need this module
+
         record = self.store.get_checkpoint(checkpoint_id)
         self.store.delete_checkpoint(record.id)
         faults.point("checkpoint-rm.row-deleted")
+        WarmPool(self.home, self.store).drain(record.id)  # they map its RAM file
         shutil.rmtree(self.files(record.id).dir, ignore_errors=True)
         faults.point("checkpoint-rm.files-deleted")
 

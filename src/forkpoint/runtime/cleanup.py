@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Sequence
 
 from forkpoint import faults
 from forkpoint.config import Home
@@ -50,8 +51,14 @@ def destroy_session(home: Home, store: Store, files: VmFiles, record: SessionRec
 def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
     """Kill the session's QEMU and passt: those recorded, and those never recorded (a
     forkpoint process killed while restoring the VM), found by their command lines."""
-    kill_and_wait(record.qemu_pid, files.name)
-    for pid in record.aux_pids:
+    kill_vm_processes(files, record.qemu_pid, record.aux_pids)
+
+
+def kill_vm_processes(files: VmFiles, qemu_pid: int | None, aux_pids: Sequence[int] = ()) -> None:
+    """Kill a VM's QEMU and passt: ``qemu_pid``, ``aux_pids`` and any other process whose
+    command line names the VM (see :func:`kill_session_processes`)."""
+    kill_and_wait(qemu_pid, files.name)
+    for pid in aux_pids:
         stop_passt(files, pid)
     ours = {files.name, str(passt_log(files))}
     for pid, arg in pids_with_arg(ours.__contains__):

@@ -43,6 +43,7 @@ __all__ = [
     "RestoreSpec",
     "ResumeTogether",
     "Started",
+    "WarmVm",
     "boot_files",
     "guest_hostname",
     "identity_token",
@@ -142,6 +143,14 @@ class RestoreSpec:
 
 
 @dataclass(frozen=True)
+class WarmVm:
+    """A QEMU started ahead for the session (see :mod:`.warm`): its pid and disk layer."""
+
+    qemu_pid: int
+    disk_layer: str
+
+
+@dataclass(frozen=True)
 class Started:
     """A restored VM: its QEMU, its network helper pid and its fresh top disk layer."""
 
@@ -155,7 +164,11 @@ class Started:
 
 
 async def start_restored(
-    home: Home, spec: RestoreSpec, loaded: Callable[[], Awaitable[None]] | None = None
+    home: Home,
+    spec: RestoreSpec,
+    loaded: Callable[[], Awaitable[None]] | None = None,
+    *,
+    warm: WarmVm | None = None,
 ) -> Started:
     """Restore ``spec.checkpoint`` as a running VM with the identity ``spec`` gives it.
 
@@ -164,44 +177,52 @@ async def start_restored(
     identity (clock, RNG seed, hostname) sits in the guest agent's receive buffer: the
     guest applies it as soon as it gets to run, and every later agent connection makes
     sure it has (see :func:`~forkpoint.agent_client.post_identity`).
-    ``loaded`` is awaited between loading the VM and letting it run.
+    ``loaded`` is awaited between loading the VM and letting it run. ``warm``: a QEMU
+    already started for this session, on its own layer (see :mod:`.warm`).
     """
     files = spec.files
     files.ensure()
-    layer = new_layer_name()
-    # The session's cgroup (made once, reused by rollbacks; named by the session id, its
-    # directory's name) is prepared while the new disk layer is copied.
+    layer = warm.disk_layer if warm else new_layer_name()
+    # The session's cgroup (made once, reused by rollbacks and warm VMs; named by the
+    # session id, its directory's name) is prepared while the new disk layer is copied.
     _, cgroup = await asyncio.gather(
         asyncio.to_thread(
             overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
-        ),
+        )
+        if warm is None
+        else asyncio.sleep(0),
         asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
     )
     faults.point("restore.layer-made")
     prepared = set(cgroup.not_enforced)
     network = spec.network == Network.USER
-    # Installed while QEMU starts; passt waits for it (no unfiltered packet ever leaves).
+    # Installed while QEMU starts; the guest runs only once it is (no unfiltered packet
+    # ever leaves: until then the VM is paused). A warm VM's uid got the default policy's
+    # rules when it started (see .warm): installing them again would put `nft`'s 20 ms
+    # on the path the warm VM exists to shorten.
+    preinstalled = warm is not None and spec.egress == EgressPolicy()
     filtering = (
         asyncio.ensure_future(asyncio.to_thread(install_filter, spec.jail, spec.egress))
-        if network
+        if network and not preinstalled
         else None
     )
     machine: Machine | None = None
     passt_pid = None
     passt_placed: asyncio.Future[None] | None = None
     try:
-        machine = await Machine.launch(
-            qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
-            jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
-            cgroup=cgroup,
-        )  # fmt: skip
+        if warm is None:
+            machine = await Machine.launch(
+                qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
+                jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
+                cgroup=cgroup,
+            )  # fmt: skip
+        else:
+            machine = await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
         faults.point("restore.qemu-started")
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
                 nonlocal passt_pid, passt_placed
-                if filtering is not None:
-                    await filtering
                 passt_pid = await asyncio.to_thread(
                     start_passt, files, list(spec.forwards), spec.jail
                 )
@@ -216,6 +237,8 @@ async def start_restored(
             await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
         if set(cgroup.not_enforced) != prepared:  # a move was refused: say so, once
             await asyncio.to_thread(report_not_enforced, home, cgroup.not_enforced)
+        if filtering is not None:
+            await filtering
         if loaded is not None:
             await loaded()
         await machine.run()

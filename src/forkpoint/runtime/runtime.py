@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -63,6 +64,7 @@ from forkpoint.store import (
     session_lock_async,
     validate_name,
 )
+from forkpoint.store.warm import WarmRecord
 from forkpoint.vm import Machine, MachineShape, QemuBuild, detect_accel, qemu_build
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.process import is_running
@@ -83,6 +85,7 @@ from .machines import (
     RestoreSpec,
     ResumeTogether,
     Started,
+    WarmVm,
     boot_files,
     guest_hostname,
     identity_token,
@@ -94,6 +97,7 @@ from .ports import HostPorts
 from .queries import Queries
 from .templates import Templates
 from .upkeep import expires_after
+from .warm import WarmPool, WarmTarget
 
 if TYPE_CHECKING:
     from forkpoint.models import CheckpointTransfer
@@ -124,6 +128,11 @@ class Runtime(Queries):
         self._ports = HostPorts(self.home, store)
         #: Sessions this process forked only to look at a checkpoint (diffs); gone soon.
         self.scratch_sessions: set[str] = set()
+        self.warm = WarmPool(self.home, store)
+        #: A long-lived process (the server) refills warm VMs in the background after a
+        #: create; a CLI process refills once it has printed its result (``fill_warm``).
+        self.refill_in_background = False
+        self._refills: set[asyncio.Task[int]] = set()
         self._agents = AgentPool(
             lambda session_id: global_lock_async(
                 self.home, f"agent-{session_id}", timeout_s=_AGENT_LOCK_TIMEOUT_S
@@ -184,7 +193,9 @@ class Runtime(Queries):
         layer has no referrer until the template checkpoint exists). Empty cgroups of
         sessions that are gone are removed too.
         """
-        sweep_cgroups({r.id for r in self.store.list_sessions()})
+        self.warm.drain_stale({c.id for c in self.store.list_checkpoints()})
+        warm = {w.id for w in self.warm.rows.all()}
+        sweep_cgroups({r.id for r in self.store.list_sessions()} | warm)
         return collect_layers(self.home, self.store)
 
     # -- create ------------------------------------------------------------------------
@@ -236,11 +247,19 @@ class Runtime(Queries):
                 f"({img.recipe.disk_size >> 20} MiB): disks only grow"
             )
         template = await self._templates.get(img, shape)
+        target = WarmTarget(template, img, shape, request.network)
+        warm = await asyncio.to_thread(self.warm.take, target)  # any started ahead
+        warm_size = host_limits().warm_vms
         session = await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network, egress=egress,
             expires_at=expires_after(request.timeout_s), disk_mib=request.disk_mib,
+            warm=warm,
         )  # fmt: skip
+        if warm_size and self.refill_in_background:
+            task = asyncio.get_running_loop().create_task(self.warm.fill(target, warm_size))
+            self._refills.add(task)
+            task.add_done_callback(self._refills.discard)
         if request.history:
             from forkpoint.store.history import HistoryStore
 
@@ -248,6 +267,24 @@ class Runtime(Queries):
                 HistoryStore(self.store).enable, session.id, request.history_keep
             )
         return session
+
+    async def fill_warm(
+        self,
+        *,
+        image: str = "default",
+        memory_mib: int = 512,
+        cpus: int = 1,
+        network: Network | str = Network.USER,
+        count: int | None = None,
+    ) -> int:
+        """Start warm VMs for creates of this kind until there are ``count``
+        (``FORKPOINT_WARM_VMS`` by default); returns how many started. See :mod:`.warm`."""
+        size = host_limits().warm_vms if count is None else count
+        if size <= 0:
+            return 0
+        img, shape = await asyncio.to_thread(self._machine, image, memory_mib, cpus)
+        template = await self._templates.get(img, shape)
+        return await self.warm.fill(WarmTarget(template, img, shape, Network(network)), size)
 
     def _require_room(self, sessions: int) -> None:
         """Refuse to start ``sessions`` more when the disk reserve or the session count
@@ -295,8 +332,16 @@ class Runtime(Queries):
         loaded: Callable[[], Awaitable[None]] | None = None,
         expires_at: str | None = None,
         disk_mib: int | None = None,
+        warm: WarmRecord | None = None,
     ) -> Session:
-        await asyncio.to_thread(self._manifest, checkpoint.id, shape)
+        """``warm``: a warm VM taken for this create; it becomes the session (its id,
+        uid and QEMU), or is discarded if the session cannot be made."""
+        try:
+            await asyncio.to_thread(self._manifest, checkpoint.id, shape)
+        except BaseException:
+            if warm is not None:
+                await asyncio.to_thread(self.warm.discard, warm)
+            raise
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
         fresh = SessionRecord.new(
@@ -305,12 +350,19 @@ class Runtime(Queries):
             parent_checkpoint=checkpoint.id, egress=egress, expires_at=expires_at,
             disk_mib=disk_mib,
         )  # fmt: skip
+        if warm is not None:
+            fresh = dataclasses.replace(fresh, id=warm.id, uid=warm.uid)
         # Locked before the row exists: a `creating` session whose lock is free has lost
         # its creator (killed), and queries may call it crashed (Queries._refresh).
         async with session_lock_async(self.home, fresh.id):
-            record = await asyncio.to_thread(
-                self.store.insert_session, fresh, max_active=host_limits().max_sessions
-            )
+            try:
+                record = await asyncio.to_thread(
+                    self.store.insert_session, fresh, max_active=host_limits().max_sessions
+                )
+            except BaseException:
+                if warm is not None:
+                    await asyncio.to_thread(self.warm.discard, warm)
+                raise
             faults.point("restore.session-inserted")
             try:
                 forwards = [(await self._ports.allocate(record.id, g), g) for g in guest_ports]
@@ -322,7 +374,11 @@ class Runtime(Queries):
                     hostname=guest_hostname(name, record.id), token=identity_token(record.id, 0),
                     jail=jail_of(record), egress=policy_of(record),
                 )  # fmt: skip
-                started = await start_restored(self.home, spec, loaded)
+                started = await start_restored(
+                    self.home, spec, loaded,
+                    warm=None if warm is None or warm.qemu_pid is None
+                    else WarmVm(warm.qemu_pid, warm.disk_layer),
+                )  # fmt: skip
                 record = await asyncio.to_thread(
                     self._record_running, record.id, started, checkpoint.disk_layer
                 )

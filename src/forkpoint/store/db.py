@@ -136,7 +136,7 @@ class Store:
             with self.transaction() as conn:
                 conn.execute(
                     "UPDATE sessions SET uid = ? WHERE id = ? AND uid IS NULL",
-                    (_free_uid(conn, self.uids), session_id),
+                    (free_uid(conn, self.uids), session_id),
                 )
 
     def close(self) -> None:
@@ -261,7 +261,7 @@ class Store:
                     check_int(record.generation, "generation", minimum=0),
                     opt_pid(record.qemu_pid),
                     pids_json(record.aux_pids),
-                    record.uid if record.uid is not None else _free_uid(conn, self.uids),
+                    record.uid if record.uid is not None else free_uid(conn, self.uids),
                     SESSION_UPDATERS["disk_mib"](record.disk_mib),
                     SESSION_UPDATERS["expires_at"](record.expires_at),
                     egress_json(record.egress),
@@ -720,12 +720,17 @@ def session_uids(root: Path) -> range:
     return range(first, first + JAIL_UIDS)
 
 
-def _free_uid(conn: sqlite3.Connection, uids: range) -> int:
-    """The lowest of ``uids`` no stored session has.
+def free_uid(conn: sqlite3.Connection, uids: range) -> int:
+    """The lowest of ``uids`` no stored session or warm VM has.
 
     :raises Conflict: every one is taken.
     """
-    taken = {row[0] for row in conn.execute("SELECT uid FROM sessions WHERE uid IS NOT NULL")}
+    taken = {
+        row[0]
+        for row in conn.execute(
+            "SELECT uid FROM sessions WHERE uid IS NOT NULL UNION SELECT uid FROM warm_vms"
+        )
+    }
     for uid in uids:
         if uid not in taken:
             return uid

@@ -138,12 +138,32 @@ def _v5_history(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v6_warm(conn: sqlite3.Connection) -> None:
+    """QEMU processes started ahead of a create (``runtime/warm.py``): each waits, paused,
+    to become the session ``id`` with uid ``uid``, restored from ``checkpoint_id``; ``key``
+    says what it was started for (checkpoint, machine shape with its QEMU build, network)."""
+    _run(
+        conn,
+        """CREATE TABLE warm_vms (
+            id TEXT PRIMARY KEY,
+            uid INTEGER NOT NULL UNIQUE,
+            checkpoint_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            disk_layer TEXT NOT NULL,
+            qemu_pid INTEGER,
+            created_at TEXT NOT NULL
+        )""",
+        "CREATE INDEX warm_vms_key ON warm_vms(key)",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
     migrate_e2b,
     _v4_jail,
     _v5_history,
+    _v6_warm,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

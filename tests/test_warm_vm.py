@@ -1,0 +1,121 @@
+"""Warm VMs: QEMU started ahead becomes a created session; the wrong kind, a dead one or a
+removed checkpoint's is never handed out (real VMs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from forkpoint.runtime import Runtime
+from forkpoint.runtime.invariants import check_home
+from forkpoint.runtime.warm import WarmTarget
+from forkpoint.vm.process import is_running
+
+pytestmark = pytest.mark.vm
+
+_T = TypeVar("_T")
+FORKPOINT = Path(sys.executable).with_name("forkpoint")
+
+
+def run(coro: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    monkeypatch.setenv("FORKPOINT_WARM_VMS", "2")
+    runtime = Runtime.open()
+    yield runtime
+    runtime.warm.drain()
+    runtime.close()
+
+
+def _alive(rt: Runtime, session_id: str, pid: int | None) -> bool:
+    return is_running(pid, rt.files(session_id).name)
+
+
+def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
+    assert run(rt.fill_warm()) == 2
+    warm = {w.id: w for w in rt.warm.rows.all()}
+    assert len(warm) == 2 and all(_alive(rt, w.id, w.qemu_pid) for w in warm.values())
+    assert check_home(rt.home, rt.store) == []  # owned by their rows, files recorded
+
+    session = run(rt.create(ports=[8000]))
+    try:
+        assert session.id in warm  # the session is the warm VM: its id, uid and QEMU
+        record = rt.store.get_session(session.id)
+        assert record.qemu_pid == warm[session.id].qemu_pid
+        assert record.uid == warm[session.id].uid
+        assert record.disk_layer == warm[session.id].disk_layer
+        assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
+        assert len(rt.warm.rows.all()) == 1  # taken once
+        assert check_home(rt.home, rt.store) == []
+
+        # Another machine shape is another key: it starts cold and leaves the pool alone.
+        other = run(rt.create(memory_mib=384, network="none"))
+        assert other.id not in warm
+        run(rt.remove(other.id))
+        [left] = rt.warm.rows.all()
+
+        # A warm VM whose QEMU died is dropped, with its files, and the create starts cold.
+        assert left.qemu_pid is not None
+        os.kill(left.qemu_pid, signal.SIGKILL)
+        cold = run(rt.create())
+        assert cold.id != left.id
+        assert rt.warm.rows.all() == []
+        assert not rt.files(left.id).dir.exists()
+        assert not (rt.home.layers / left.disk_layer).exists()
+        run(rt.remove(cold.id))
+    finally:
+        run(rt.remove(session.id))
+    assert check_home(rt.home, rt.store) == []
+
+
+def test_removing_a_checkpoint_stops_its_warm_vms(rt: Runtime) -> None:
+    session = run(rt.create())
+    try:
+        checkpoint = run(rt.checkpoint(session.id))
+    finally:
+        run(rt.remove(session.id))
+    image, shape = rt._machine("default", 512, 1)
+    target = WarmTarget(rt.store.get_checkpoint(checkpoint.id), image, shape, session.network)
+    assert run(rt.warm.fill(target, 1)) == 1
+    [warm] = rt.warm.rows.all()
+    run(rt.remove_checkpoint(checkpoint.id))
+    assert rt.warm.rows.all() == []
+    assert not _alive(rt, warm.id, warm.qemu_pid)
+    assert check_home(rt.home, rt.store) == []
+
+
+def test_the_cli_refills_after_create_and_drains() -> None:
+    env = {**os.environ, "FORKPOINT_WARM_VMS": "1"}
+
+    def cli(*args: str) -> Any:
+        done = subprocess.run(
+            [str(FORKPOINT), *args, "--json"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = cli("create")
+    try:
+        refilled = cli("warm")  # the create left one warm VM behind: nothing to start
+        assert refilled["started"] == 0 and len(refilled["warm"]) == 1
+        second = cli("create")
+        try:
+            assert second["id"] == refilled["warm"][0]["id"]
+        finally:
+            cli("rm", second["id"])
+    finally:
+        cli("rm", first["id"])
+    drained = cli("warm", "--drain")
+    assert drained["drained"] == 1 and drained["warm"] == []
