@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.invariants import check_home
-from forkpoint.runtime.warm import WarmTarget
 from forkpoint.vm.process import is_running
 
 pytestmark = pytest.mark.vm
@@ -80,19 +80,33 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
     assert check_home(rt.home, rt.store) == []
 
 
-def test_removing_a_checkpoint_stops_its_warm_vms(rt: Runtime) -> None:
+def test_forks_take_warm_vms_of_their_checkpoint_and_its_removal_stops_them(
+    rt: Runtime,
+) -> None:
     session = run(rt.create())
     try:
+        run(rt.write_file(session.id, "/data/marker", b"from the checkpoint"))
         checkpoint = run(rt.checkpoint(session.id))
     finally:
         run(rt.remove(session.id))
-    image, shape = rt._machine("default", 512, 1)
-    target = WarmTarget(rt.store.get_checkpoint(checkpoint.id), image, shape, session.network)
-    assert run(rt.warm.fill(target, 1)) == 1
-    [warm] = rt.warm.rows.all()
-    run(rt.remove_checkpoint(checkpoint.id))
+    assert run(rt.fill_warm(checkpoint=checkpoint.id, count=3)) == 3
+    warm = {w.id for w in rt.warm.rows.all()}
+    forks = run(rt.fork(checkpoint.id, 2))
+    try:
+        assert all(isinstance(f, Session) for f in forks), forks
+        assert {f.id for f in forks if isinstance(f, Session)} <= warm
+        for fork in forks:
+            assert isinstance(fork, Session)
+            marker = run(rt.read_file(fork.id, "/data/marker"))
+            assert marker == b"from the checkpoint"
+    finally:
+        for fork in forks:
+            if isinstance(fork, Session):
+                run(rt.remove(fork.id))
+    [left] = rt.warm.rows.all()
+    run(rt.remove_checkpoint(checkpoint.id))  # its RAM file goes: so does its warm VM
     assert rt.warm.rows.all() == []
-    assert not _alive(rt, warm.id, warm.qemu_pid)
+    assert not _alive(rt, left.id, left.qemu_pid)
     assert check_home(rt.home, rt.store) == []
 
 

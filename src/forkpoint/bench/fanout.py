@@ -130,6 +130,9 @@ def fanout_rows(result: Mapping[str, Any]) -> list[list[str]]:
     wide = fanout.get("fork100", {})
     row("fork20", "fork x20", p50(ops.get("fork20")), "ms")
     row("fork20_ready", "fork x20, all serving", p50(ready.get("fork20")), "ms")
+    warm20 = fanout.get("fork20_warm", {})
+    row("fork20", "fork x20 from warm VMs", p50(warm20.get("op")), "ms")
+    row("fork20_ready", "fork x20 from warm VMs, all serving", p50(warm20.get("ready")), "ms")
     row("fork100", "fork x100", p50(wide.get("op")), "ms", "")
     row("fork100_ready", "fork x100, all serving", p50(wide.get("ready")), "ms")
     for count in ("20", "100"):

@@ -14,8 +14,9 @@
     scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, pause_p50_ms, checkpoint_mib}]
     fanout     {density: {"20"|"100": {forks, qemu_mib, helper_mib, per_fork_mib, total_mib,
                idle_cpu_pct, window_s}}, fork100: {op, ready: Summary, serving, count},
-               create_warm: Summary} -- live idle forks' PSS and CPU per VM; fork x100 when
-               the host allows it; a create that takes a warm VM (runtime/warm.py)
+               create_warm: Summary, fork20_warm: {op, ready: Summary}} -- live idle
+               forks' PSS and CPU per VM; fork x100 when the host allows it; a create and a
+               fork x20 that take warm VMs (runtime/warm.py)
     cli        {ls, show, exec}: {p50_ms, p95_ms, n} -- wall time of one ``forkpoint`` process
                (``ls --json`` with a few sessions, ``show S --json``, ``exec S -- true``);
                ``ls`` also {target_ms, meets_target}: what a CLI-driven agent pays per call

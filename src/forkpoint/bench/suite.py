@@ -81,6 +81,7 @@ class Plan:
     scaling_memory_mib: int  # configured RAM of the scaling VM: more than it will use
     fork_wide: int = 20
     fork_widest: int = 100  # 0 leaves fork x100 out
+    fork_warm: bool = True  # fork x20 from warm VMs too
     fork100_reps: int = 1
     # idle forks: wait for them to settle, then measure their CPU over a window
     idle_settle_s: float = 5.0
@@ -102,7 +103,7 @@ class Plan:
             reps=3, fork20_reps=1, cold_boot_reps=1, baseline_reps=2,
             scaling_mib=(64, 256), scaling_reps=2, scaling_memory_mib=MEMORY_MIB,
             history_reps=0,  # making the 10,000 files alone takes a quick run's budget
-            fork_widest=0, idle_settle_s=0.5, idle_window_s=2.0,
+            fork_widest=0, fork_warm=False, idle_settle_s=0.5, idle_window_s=2.0,
         )  # fmt: skip
 
 
@@ -189,6 +190,12 @@ class Suite:
                 "fork20_total_mib": fanned.density["total_mib"],
                 "method": "pss",
                 "forks_measured": fanned.density["forks"],  # fewer than 20 if some failed
+            }
+        if plan.fork_warm:
+            warm = await self._fan_out(checkpoint.id, wide, plan.fork20_reps, warm=True)
+            fanout["fork20_warm"] = {
+                "op": summarize(warm.op_ms),
+                "ready": summarize(warm.ready_ms),
             }
         widest = self._widest_allowed()
         if widest:
@@ -325,18 +332,24 @@ class Suite:
         answers = await asyncio.gather(*(self._serves(_url(s), timeout_s) for s in sessions))
         return sum(answers)
 
-    async def _fan_out(self, checkpoint_id: str, count: int, reps: int) -> _FanOut:
+    async def _fan_out(
+        self, checkpoint_id: str, count: int, reps: int, *, warm: bool = False
+    ) -> _FanOut:
         """Fork ``count`` at once ``reps`` times: operation and all-serving times; the
-        first repetition's forks are also measured idle (memory, CPU) before removal."""
+        first repetition's forks are also measured idle (memory, CPU) before removal.
+        ``warm``: ``count`` warm VMs of the checkpoint are started first (untimed)."""
         result = _FanOut()
         for i in range(reps):
+            if warm:
+                await self.runtime.fill_warm(checkpoint=checkpoint_id, count=count)
+                await asyncio.sleep(1.0)  # the warm VMs' start-up CPU is spent
             started = time.perf_counter()
             ms, forks = await _timed(self._fork_sessions(checkpoint_id, count))
             result.op_ms.append(ms)
             try:
                 result.serving.append(await self._count_serving(forks, _FAN_SERVING_TIMEOUT_S))
                 result.ready_ms.append((time.perf_counter() - started) * 1000)
-                if i == 0:
+                if i == 0 and not warm:
                     records = [self.runtime.store.get_session(s.id) for s in forks]
                     result.density = await density(
                         records, settle_s=self.plan.idle_settle_s, window_s=self.plan.idle_window_s
@@ -348,7 +361,8 @@ class Suite:
             finally:
                 await self._remove_sessions(forks)
             self.log(
-                f"fork{count} {i + 1}/{reps}: {ms:.0f} ms, {result.serving[-1]} serving "
+                f"fork{count}{' (warm VMs)' if warm else ''} {i + 1}/{reps}: {ms:.0f} ms, "
+                f"{result.serving[-1]} serving "
                 f"after {result.ready_ms[-1]:.0f} ms"
             )
         return result

@@ -275,16 +275,21 @@ class Runtime(Queries):
         memory_mib: int = 512,
         cpus: int = 1,
         network: Network | str = Network.USER,
+        checkpoint: str | None = None,
         count: int | None = None,
     ) -> int:
-        """Start warm VMs for creates of this kind until there are ``count``
-        (``FORKPOINT_WARM_VMS`` by default); returns how many started. See :mod:`.warm`."""
+        """Start warm VMs until there are ``count`` (``FORKPOINT_WARM_VMS`` by default)
+        for creates of this kind, or with ``checkpoint`` for forks of it; returns how many
+        started. See :mod:`.warm`. :raises NotFound: no such image or checkpoint."""
         size = host_limits().warm_vms if count is None else count
-        if size <= 0:
-            return 0
-        img, shape = await asyncio.to_thread(self._machine, image, memory_mib, cpus)
-        template = await self._templates.get(img, shape)
-        return await self.warm.fill(WarmTarget(template, img, shape, Network(network)), size)
+        if checkpoint is not None:
+            record, source = await asyncio.to_thread(self._fork_source, checkpoint)
+            target = await self._fork_target(record, source)
+        else:
+            img, shape = await asyncio.to_thread(self._machine, image, memory_mib, cpus)
+            template = await self._templates.get(img, shape)
+            target = WarmTarget(template, img, shape, Network(network))
+        return await self.warm.fill(target, size) if size > 0 else 0
 
     def _require_room(self, sessions: int) -> None:
         """Refuse to start ``sessions`` more when the disk reserve or the session count
@@ -676,19 +681,17 @@ class Runtime(Queries):
         record, source = await asyncio.to_thread(self._fork_source, checkpoint)
         await asyncio.to_thread(self._require_room, count)
         manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
-        image, shape = await asyncio.to_thread(
-            self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
-        )
-        await asyncio.to_thread(self._manifest, record.id, shape)
-        network = source.network if source else Network.USER
+        target = await self._fork_target(record, source)
         egress = policy_of(source).to_json() if source else {}
         together = ResumeTogether(count)
 
         async def one_fork() -> Session:
+            warm = await asyncio.to_thread(self.warm.take, target)  # `warm --from` started
             async with together.member() as loaded:
                 return await self._start_session(
-                    record, image, shape, name=None, guest_ports=manifest.ports,
-                    network=network, egress=egress, loaded=loaded,
+                    record, target.image, target.shape, name=None,
+                    guest_ports=manifest.ports, network=target.network, egress=egress,
+                    loaded=loaded, warm=warm,
                     disk_mib=source.disk_mib if source else None,  # its disk is that size
                 )  # fmt: skip
 
@@ -703,6 +706,19 @@ class Runtime(Queries):
             elif isinstance(result, BaseException):
                 raise result
         return out
+
+    async def _fork_target(
+        self, record: CheckpointRecord, source: SessionRecord | None
+    ) -> WarmTarget:
+        """What forks of ``record`` start: its image, machine shape and network (the
+        session it was taken of, if that still exists, else ``user``).
+        :raises IncompatibleCheckpoint: it was made by another QEMU build or shape."""
+        manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
+        image, shape = await asyncio.to_thread(
+            self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
+        )
+        await asyncio.to_thread(self._manifest, record.id, shape)
+        return WarmTarget(record, image, shape, source.network if source else Network.USER)
 
     def _fork_source(self, checkpoint: str) -> tuple[CheckpointRecord, SessionRecord | None]:
         """The checkpoint, and the session it was taken of if that still exists."""
