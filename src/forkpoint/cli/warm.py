@@ -65,6 +65,8 @@ def warm_command(
         return
     verb = "stopped" if drain else "started"
     console.print(f"{verb} {result.get('drained', result.get('started'))} warm VM(s)")
+    if not drain and not result["warm"]:
+        console.print("[dim]none kept: give --count N, or set FORKPOINT_WARM_VMS[/]")
     if result["warm"]:
         table = Table(box=None, header_style="bold")
         for column in ("SESSION ID", "FROM", "QEMU PID", "SINCE"):
