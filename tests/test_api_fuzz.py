@@ -57,6 +57,17 @@ inference.algorithms = []
 expected-statuses = ["2xx", "401", "403", "404", "408", "409", "429"]
 """
 _DEEP = {"POST /v1/checkpoints/pull"}
+# Reached without a 2xx in some runs, with an answer that still shows the links led there: a
+# 409 names a resource that exists but whose state refuses (a checkpoint still in use, a
+# session without a history); killing the background process a link named answers 404 once
+# it has ended (fuzzed commands exit at once). Each answers 2xx in most runs, and what is
+# behind it (history, checkpoint removal, killing a process) has tests of its own. Found by
+# CI: a miss of one of these failed about one run in two.
+_REACHED = {
+    "GET /v1/sessions/{session_id}/history": {409},
+    "DELETE /v1/checkpoints/{checkpoint_id}": {409},
+    "DELETE /v1/sessions/{session_id}/processes/{pid}": {404},
+}
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")  # use_after_free and ?path= (see there)
 
 
@@ -311,7 +322,12 @@ def _fuzz(client: httpx.Client, fuzz_home: Path) -> None:
         assert run.report["errors"] == [], run.output[-6000:]
     # Pull sits three links deep (create -> checkpoint -> push -> pull): reached in most runs,
     # not in every one within the budget; test_portable_vm.py drives it end to end.
-    assert not set(without_2xx) - _DEEP, f"never answered 2xx: {without_2xx}"
+    unreached = [
+        op
+        for op in without_2xx
+        if op not in _DEEP and not set(statuses[op]) & _REACHED.get(op, set())
+    ]
+    assert not unreached, f"never answered 2xx: {without_2xx}"
     assert 0 < sampler.peak <= CAP, sampler.peak
     assert sampler.samples > 100
     assert client.get("/v1/sessions").json() == []
