@@ -40,9 +40,11 @@ FORKPOINT = str(Path(sys.executable).parent / "forkpoint")
 # product's grace for orphans: it is what keeps a GC from taking a file another operation
 # has just made. The campaign's own GC and the sequential recovery steps use none (nothing
 # else runs then), so that an orphan is one as soon as it exists.
+# Only while the campaign runs (main): set at import, it reached every test of a pytest run
+# that imports this module, and a server under test then swept the staging directory of a
+# checkpoint in progress (the fuzz test's 500: "No such file ... .tmp-c-…/state").
 CONCURRENT_ENV = dict(os.environ)
-os.environ[GRACE_ENV] = "0"
-BASE_ENV = dict(os.environ)
+BASE_ENV = {**os.environ, GRACE_ENV: "0"}
 MARKER = "/root/fault-marker"
 
 
@@ -603,6 +605,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     ops = ["create", "checkpoint", "fork", "rollback", "rm", "checkpoint-rm"]
+    before = os.environ.get(GRACE_ENV)
+    os.environ[GRACE_ENV] = "0"  # the campaign's own in-process GC (see BASE_ENV)
     campaign = Campaign(args.seed)
     started = time.perf_counter()
     try:
@@ -630,6 +634,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return campaign.report(args.out, restores, time.perf_counter() - started)
     finally:
         campaign.teardown()
+        if before is None:
+            os.environ.pop(GRACE_ENV, None)
+        else:
+            os.environ[GRACE_ENV] = before
 
 
 if __name__ == "__main__":
