@@ -19,6 +19,7 @@ from forkpoint.config import Home
 from forkpoint.images import Image
 from forkpoint.models import JAIL_UID_BASE, Network
 from forkpoint.store import SessionRecord
+from forkpoint.store.warm import WarmRecord
 from forkpoint.vm import (
     BootFiles,
     Machine,
@@ -43,7 +44,6 @@ __all__ = [
     "RestoreSpec",
     "ResumeTogether",
     "Started",
-    "WarmVm",
     "boot_files",
     "guest_hostname",
     "identity_token",
@@ -143,14 +143,6 @@ class RestoreSpec:
 
 
 @dataclass(frozen=True)
-class WarmVm:
-    """A QEMU started ahead for the session (see :mod:`.warm`): its pid and disk layer."""
-
-    qemu_pid: int
-    disk_layer: str
-
-
-@dataclass(frozen=True)
 class Started:
     """A restored VM: its QEMU, its network helper pid and its fresh top disk layer."""
 
@@ -168,7 +160,7 @@ async def start_restored(
     spec: RestoreSpec,
     loaded: Callable[[], Awaitable[None]] | None = None,
     *,
-    warm: WarmVm | None = None,
+    warm: WarmRecord | None = None,
 ) -> Started:
     """Restore ``spec.checkpoint`` as a running VM with the identity ``spec`` gives it.
 
@@ -217,6 +209,7 @@ async def start_restored(
                 cgroup=cgroup,
             )  # fmt: skip
         else:
+            assert warm.qemu_pid is not None  # WarmStore.take hands out started ones only
             machine = await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
         faults.point("restore.qemu-started")
         if network:  # connected before the VM runs; learns the MAC from QEMU's announcement

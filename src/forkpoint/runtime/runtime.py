@@ -85,7 +85,6 @@ from .machines import (
     RestoreSpec,
     ResumeTogether,
     Started,
-    WarmVm,
     boot_files,
     guest_hostname,
     identity_token,
@@ -379,11 +378,7 @@ class Runtime(Queries):
                     hostname=guest_hostname(name, record.id), token=identity_token(record.id, 0),
                     jail=jail_of(record), egress=policy_of(record),
                 )  # fmt: skip
-                started = await start_restored(
-                    self.home, spec, loaded,
-                    warm=None if warm is None or warm.qemu_pid is None
-                    else WarmVm(warm.qemu_pid, warm.disk_layer),
-                )  # fmt: skip
+                started = await start_restored(self.home, spec, loaded, warm=warm)
                 record = await asyncio.to_thread(
                     self._record_running, record.id, started, checkpoint.disk_layer
                 )

@@ -23,13 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from forkpoint.config import Home
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
 from forkpoint.models import Network
-from forkpoint.store import CheckpointRecord, Store
+from forkpoint.store import CheckpointRecord, Store, utc_now
 from forkpoint.store.warm import WarmRecord, WarmStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
@@ -149,11 +148,7 @@ class WarmPool:
     def _drop_abandoned(self) -> None:
         """Rows a filler reserved but never gave a QEMU (it was killed): they would count
         as warm VMs forever. A start takes well under a second; a minute is abandoned."""
-        cutoff = (
-            (datetime.now(UTC) - timedelta(seconds=_ABANDONED_S))
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z")
-        )  # the rows' format (store.utc_now)
+        cutoff = utc_now(_ABANDONED_S)
         for record in self.rows.all():
             if record.qemu_pid is None and record.created_at < cutoff:
                 self.rows.remove(record.id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from forkpoint.errors import InvalidInput
@@ -34,9 +34,11 @@ _ID_RE = re.compile(ID_PATTERN)
 _NAME_RE = re.compile(NAME_PATTERN)
 
 
-def utc_now() -> str:
-    """The current time as ISO-8601 UTC with milliseconds, e.g. ``2024-05-01T12:00:00.123Z``."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def utc_now(ago_s: float = 0.0) -> str:
+    """The current time (less ``ago_s`` seconds) as ISO-8601 UTC with milliseconds, e.g.
+    ``2024-05-01T12:00:00.123Z``: the store's timestamps, which compare as strings."""
+    when = datetime.now(UTC) - timedelta(seconds=ago_s)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def new_session_id() -> str:
