@@ -502,13 +502,14 @@ class Campaign:
             found.append(f"after freeing space: {again.stderr.strip()}")
         else:
             fork = fp("fork", json.loads(again.stdout)["id"], "--json", env=env)
-            fork_id = json.loads(fork.stdout)[0]["id"] if fork.returncode == 0 else None
-            shown = None
-            if fork_id:
+            if fork.returncode != 0:
+                found.append(f"a fork after freeing space: {fork.stderr.strip()}")
+            else:
+                fork_id = json.loads(fork.stdout)[0]["id"]
                 shown = fp("exec", fork_id, "--", "cat", MARKER, env=env).stdout.strip()
                 fp("rm", fork_id, env=env)
-            if shown != value:
-                found.append(f"the checkpoint after freeing space shows {shown!r}")
+                if shown != value:
+                    found.append(f"the checkpoint after freeing space shows {shown!r}")
         for c in reversed(json.loads(fp("checkpoints", session, "--json", env=env).stdout)):
             fp("checkpoint", "rm", c["id"], env=env)  # room for the next round
         row.recovered += full and not found

@@ -532,11 +532,11 @@ def test_warm_vms_have_their_own_uids_and_are_taken_once(store: Store) -> None:
     second = warm.reserve("c-0000000001", "k", "b.qcow2")
     assert len({first.uid, second.uid, session.uid}) == 3
     assert warm.take("k") is None  # not started yet: no pid
-    warm.set_pid(first.id, 4242)
-    warm.set_pid(second.id, 4243)
+    warm.set_started(first.id, 4242, 4244)
+    warm.set_started(second.id, 4243, None)
     assert warm.take("other") is None
     taken = warm.take("k")
-    assert taken is not None and (taken.id, taken.qemu_pid) == (first.id, 4242)
+    assert taken is not None and taken.id == first.id and taken.pids == {4242, 4244}
     assert [w.id for w in warm.all()] == [second.id]  # gone from the table once taken
     warm.remove(second.id)
     assert warm.all() == [] and warm.take("k") is None

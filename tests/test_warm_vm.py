@@ -7,8 +7,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +45,35 @@ def _alive(rt: Runtime, session_id: str, pid: int | None) -> bool:
     return is_running(pid, rt.files(session_id).name)
 
 
+LISTENER = """
+import socket
+s = socket.create_server(("", 8000))
+while True:
+    c, _ = s.accept()
+    c.recv(100)
+    c.sendall(b"from the warm VM")
+    c.close()
+"""
+
+
+def _read_port(port: int, timeout_s: float = 90.0) -> bytes:
+    """What the guest's listener sends on the forwarded host ``port`` (Python needs
+    seconds to start under TCG)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(b"hello\n")  # a request, then its answer (as HTTP)
+                data = conn.recv(100)
+                if data:
+                    return data
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing answered on 127.0.0.1:{port}")
+        time.sleep(0.3)
+
+
 def _new_problems(rt: Runtime, before: list[str]) -> list[str]:
     """What the invariant checker finds now and did not before the test (a killed earlier
     run can leave orphans in a reused test home: sweeping them is gc's job, tested apart)."""
@@ -66,6 +97,19 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
         assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
         assert len(rt.warm.rows.all()) == 1  # taken once
         assert _new_problems(rt, before) == []
+        # Its warm passt forwarded nothing: the one it got instead forwards its port, and
+        # reaches the guest at once (the VM announced itself to it).
+        assert record.aux_pids != (warm[session.id].passt_pid,)
+        run(rt.spawn(session.id, ["python3", "-c", LISTENER]))
+        assert _read_port(session.ports[0].host_port) == b"from the warm VM"
+
+        # Without ports the session keeps the warm VM's passt.
+        portless = run(rt.create())
+        assert portless.id in warm
+        assert rt.store.get_session(portless.id).aux_pids == (warm[portless.id].passt_pid,)
+        assert run(rt.exec(portless.id, ["true"])).exit_code == 0
+        run(rt.remove(portless.id))
+        assert run(rt.fill_warm(count=1)) == 1
 
         # Another machine shape is another key: it starts cold and leaves the pool alone.
         other = run(rt.create(memory_mib=384, network="none"))

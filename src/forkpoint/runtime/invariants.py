@@ -110,7 +110,7 @@ def check_home(home: Home, store: Store, ledger: Ledger | None = None) -> list[s
             continue  # a VM's layer its killed checkpoint did not record: adopted next time
         problems.append(f"{path.relative_to(home.root)} has no record")
     for warm in WarmStore(store).all():  # paused, waiting for a create: owned by its row
-        running[warm.id] = {warm.qemu_pid} if warm.qemu_pid else set()
+        running[warm.id] = warm.pids
     seen = {s.id for s in sessions} | set(running) | (ledger.seen if ledger else set())
     for pid, session_id in home_processes(home, seen):
         if pid not in running.get(session_id, set()):

@@ -169,8 +169,8 @@ async def start_restored(
     identity (clock, RNG seed, hostname) sits in the guest agent's receive buffer: the
     guest applies it as soon as it gets to run, and every later agent connection makes
     sure it has (see :func:`~forkpoint.agent_client.post_identity`).
-    ``loaded`` is awaited between loading the VM and letting it run. ``warm``: a QEMU
-    already started for this session, on its own layer (see :mod:`.warm`).
+    ``loaded`` is awaited between loading the VM and letting it run. ``warm``: a VM
+    already started and loaded for this session, on its own layer (see :mod:`.warm`).
     """
     files = spec.files
     files.ensure()
@@ -201,6 +201,9 @@ async def start_restored(
     machine: Machine | None = None
     passt_pid = None
     passt_placed: asyncio.Future[None] | None = None
+    # A warm VM is loaded, its passt connected but forwarding nothing: a session with
+    # forwards gets a passt of its own instead (while the VM is paused nothing is sent).
+    new_passt = network and (warm is None or bool(spec.forwards))
     try:
         if warm is None:
             machine = await Machine.launch(
@@ -211,11 +214,13 @@ async def start_restored(
         else:
             assert warm.qemu_pid is not None  # WarmStore.take hands out started ones only
             machine = await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
+            passt_pid = warm.passt_pid
         faults.point("restore.qemu-started")
-        if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
+        if new_passt:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
             async def connect() -> None:
                 nonlocal passt_pid, passt_placed
+                await asyncio.to_thread(stop_passt, files, passt_pid)  # a warm VM's
                 passt_pid = await asyncio.to_thread(
                     start_passt, files, list(spec.forwards), spec.jail
                 )
@@ -224,7 +229,10 @@ async def start_restored(
                 passt_placed = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, passt_pid))
 
             await machine.attach_network(connect)
-        await machine.restore(spec.checkpoint.state, run=False)
+        if warm is None:
+            await machine.restore(spec.checkpoint.state, run=False)
+        elif new_passt:
+            await machine.announce()  # the load's announcement went to the warm passt
         faults.point("restore.state-loaded")
         if passt_placed is not None:
             await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
@@ -237,7 +245,7 @@ async def start_restored(
         await machine.run()
         faults.point("restore.running")
         await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
-        if passt_pid is not None:  # checked last: passt's start-up overlaps the load
+        if passt_pid is not None and new_passt:  # last: passt's start-up overlaps the load
             await asyncio.to_thread(wait_passt_ready, files, passt_pid)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.

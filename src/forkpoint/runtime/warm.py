@@ -1,20 +1,22 @@
-"""Warm VMs: QEMU processes started ahead of a create, so a create pays no QEMU start-up.
+"""Warm VMs: restores done ahead of a create, so a create pays no QEMU start-up or load.
 
 QEMU's start-up (≈ 35 ms of CPU: exec, 51 libraries, relocating an 18 MB binary) is the
-floor of every restore and more than half of a create. A warm VM is QEMU started exactly
-as a create's restore starts it — ``-incoming defer``, paused, mapping the image
-template's RAM file, on a new disk layer of its own, in its own cgroup, as its own uid,
-its egress rules installed for the default policy — for a session id minted ahead: its
-directory, ``-name``, uid and cgroup are already the session's. A create that takes one
-connects passt, loads the state and runs it (see ``machines.start_restored``).
+floor of every restore and more than half of a create; loading the device state is
+another ≈ 10 ms. A warm VM is a restore stopped just before the guest runs: QEMU started
+as a create's restore starts it (``-incoming defer``, mapping the template's RAM file, on
+a new disk layer of its own, in its own cgroup, as its own uid, its egress rules
+installed for the default policy), passt connected (forwarding nothing), the state
+loaded, the VM paused — for a session id minted ahead: its directory, ``-name``, uid and
+cgroup are already the session's. A create that takes one runs it; one that forwards
+ports first replaces its passt by one that forwards them (see ``machines.start_restored``).
 
 Kept: ``FORKPOINT_WARM_VMS`` per (template, machine shape with its QEMU build, network)
 that creates used, refilled after each create by whoever made it (the server in the
 background, the CLI once it printed its result). Paused, a warm VM costs no CPU and
-≈ 20 MiB. A warm VM never serves a key it was not started for: the key names the
+≈ 40 MiB (QEMU and passt). A warm VM never serves a key it was not started for: the key names the
 template checkpoint, the shape (memory, vCPUs, accelerator, QEMU binary digest, argv
 layout) and the network. Its rows leave the store in the transaction that hands them out
-(``store/warm.py``); one whose QEMU died is discarded when met. Removing a template's
+(``store/warm.py``); one whose QEMU or passt died is discarded when met. Removing a template's
 checkpoint or image drains its warm VMs first.
 """
 
@@ -34,6 +36,7 @@ from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
+from forkpoint.vm.net import start_passt, wait_passt_ready
 from forkpoint.vm.process import is_running
 
 from .cleanup import kill_vm_processes, remove_session_files
@@ -77,9 +80,10 @@ class WarmPool:
     def take(self, target: WarmTarget) -> WarmRecord | None:
         """A live warm VM for ``target``, out of the pool (None: none is ready)."""
         while (record := self.rows.take(target.key)) is not None:
-            if is_running(record.qemu_pid, vm_files(self.home, record.id).name):
+            name = vm_files(self.home, record.id).name
+            if all(is_running(pid, name) for pid in record.pids):
                 return record
-            self._discard_files(record)  # its QEMU died (or its filler was killed)
+            self._discard_files(record)  # its QEMU or passt died
         return None
 
     def drain_stale(self, checkpoints: set[str]) -> int:
@@ -124,6 +128,7 @@ class WarmPool:
         record = self.rows.reserve(target.template.id, target.key, layer)
         files = vm_files(self.home, record.id)
         jail = Jail(record.uid)
+        passt_pid: int | None = None
         try:
             layers = self.home.layers
             await asyncio.to_thread(
@@ -133,16 +138,33 @@ class WarmPool:
             network = target.network == Network.USER
             if network:  # the default policy; a create asking for another installs its own
                 await asyncio.to_thread(install_filter, jail, EgressPolicy())
+            checkpoint = CheckpointFiles.of(self.home, target.template.id)
             machine = await Machine.launch(
                 qemu_build(), target.shape, boot_files(target.image, target.shape), files,
                 layers / layer, jail=jail, network=network, incoming=True, cgroup=cgroup,
-                ram=CheckpointFiles.of(self.home, target.template.id).ram,
+                ram=checkpoint.ram,
             )  # fmt: skip
-            await machine.close()
-            await asyncio.to_thread(self.rows.set_pid, record.id, machine.pid)
+            try:
+                if network:  # connected before the load, as for every restore
+
+                    async def connect() -> None:
+                        nonlocal passt_pid
+                        passt_pid = await asyncio.to_thread(start_passt, files, [], jail)
+                        await asyncio.to_thread(cgroup.attach, passt_pid)
+
+                    await machine.attach_network(connect)
+                # A create that forwards ports replaces this passt: no announcement of
+                # the load may come later (see Machine.announce_once_after_load).
+                await machine.announce_once_after_load()
+                await machine.restore(checkpoint.state, run=False)
+            finally:
+                await machine.close()
+            if passt_pid is not None:
+                await asyncio.to_thread(wait_passt_ready, files, passt_pid)
+            await asyncio.to_thread(self.rows.set_started, record.id, machine.pid, passt_pid)
         except BaseException:
             self.rows.remove(record.id)
-            self._discard_files(record)
+            self._discard_files(record)  # its passt too: found by its command line
             raise
 
     def _drop_abandoned(self) -> None:
@@ -156,7 +178,7 @@ class WarmPool:
 
     def _discard_files(self, record: WarmRecord) -> None:
         files = vm_files(self.home, record.id)
-        kill_vm_processes(files, record.qemu_pid)
+        kill_vm_processes(files, record.qemu_pid, [record.passt_pid] if record.passt_pid else [])
         remove_session_files(files)
         with contextlib.suppress(OSError):
             (self.home.layers / record.disk_layer).unlink()

@@ -157,6 +157,17 @@ def _v6_warm(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v7_warm_loaded(conn: sqlite3.Connection) -> None:
+    """Warm VMs hold their state loaded and their passt connected (``passt_pid``). The
+    rows of version 6 stand for VMs that have neither: dropped (their processes, files and
+    layers are then orphans, which the sweep removes)."""
+    _run(
+        conn,
+        "DELETE FROM warm_vms",
+        "ALTER TABLE warm_vms ADD COLUMN passt_pid INTEGER",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -164,6 +175,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v4_jail,
     _v5_history,
     _v6_warm,
+    _v7_warm_loaded,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -23,11 +23,16 @@ class WarmRecord:
     checkpoint_id: str
     key: str
     disk_layer: str
-    qemu_pid: int | None
+    qemu_pid: int | None  # None until it started (and had its state loaded)
     created_at: str
+    passt_pid: int | None = None  # its network helper, connected (None: no network)
+
+    @property
+    def pids(self) -> set[int]:
+        return {p for p in (self.qemu_pid, self.passt_pid) if p}
 
 
-_COLUMNS = "id, uid, checkpoint_id, key, disk_layer, qemu_pid, created_at"
+_COLUMNS = "id, uid, checkpoint_id, key, disk_layer, qemu_pid, created_at, passt_pid"
 
 
 class WarmStore:
@@ -45,15 +50,19 @@ class WarmStore:
                 created_at=utc_now(),
             )  # fmt: skip
             conn.execute(
-                f"INSERT INTO warm_vms ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO warm_vms ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.id, record.uid, record.checkpoint_id, record.key, record.disk_layer,
-                 None, record.created_at),
+                 None, record.created_at, None),
             )  # fmt: skip
         return record
 
-    def set_pid(self, warm_id: str, pid: int) -> None:
+    def set_started(self, warm_id: str, qemu_pid: int, passt_pid: int | None) -> None:
+        """The VM is loaded (and connected): from now on it can be taken."""
         with self.store.transaction() as conn:
-            conn.execute("UPDATE warm_vms SET qemu_pid = ? WHERE id = ?", (pid, warm_id))
+            conn.execute(
+                "UPDATE warm_vms SET qemu_pid = ?, passt_pid = ? WHERE id = ?",
+                (qemu_pid, passt_pid, warm_id),
+            )
 
     def take(self, key: str) -> WarmRecord | None:
         """Remove and return the oldest started VM of ``key`` (None: there is none)."""
@@ -82,4 +91,5 @@ def _record(row: sqlite3.Row) -> WarmRecord:
     return WarmRecord(
         id=row["id"], uid=int(row["uid"]), checkpoint_id=row["checkpoint_id"], key=row["key"],
         disk_layer=row["disk_layer"], qemu_pid=row["qemu_pid"], created_at=row["created_at"],
+        passt_pid=row["passt_pid"],
     )  # fmt: skip
