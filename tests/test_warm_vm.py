@@ -82,45 +82,42 @@ def _new_problems(rt: Runtime, before: list[str]) -> list[str]:
 
 def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
-    assert run(rt.fill_warm()) == 2
+    assert run(rt.fill_warm(ports=[8000])) == 2
     warm = {w.id: w for w in rt.warm.rows.all()}
     assert len(warm) == 2 and all(_alive(rt, w.id, w.qemu_pid) for w in warm.values())
+    assert all(_alive(rt, w.id, w.passt_pid) for w in warm.values())
+    reserved = {w.forwards[0][0] for w in warm.values()}  # a host port each, for 8000
+    assert len(reserved) == 2 and reserved <= rt.store.allocated_host_ports()
     assert _new_problems(rt, before) == []  # owned by their rows, files recorded
 
     session = run(rt.create(ports=[8000]))
     try:
-        assert session.id in warm  # the session is the warm VM: its id, uid and QEMU
+        assert session.id in warm  # the session is the warm VM: its id, uid, QEMU, passt
         record = rt.store.get_session(session.id)
         assert record.qemu_pid == warm[session.id].qemu_pid
+        assert record.aux_pids == (warm[session.id].passt_pid,)
         assert record.uid == warm[session.id].uid
         assert record.disk_layer == warm[session.id].disk_layer
+        assert [(p.host_port, p.guest_port) for p in session.ports] == list(
+            warm[session.id].forwards
+        )
         assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
         assert len(rt.warm.rows.all()) == 1  # taken once
         assert _new_problems(rt, before) == []
-        # Its warm passt forwarded nothing: the one it got instead forwards its port, and
-        # reaches the guest at once (the VM announced itself to it).
-        assert record.aux_pids != (warm[session.id].passt_pid,)
-        run(rt.spawn(session.id, ["python3", "-c", LISTENER]))
+        run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports do forward
         assert _read_port(session.ports[0].host_port) == b"from the warm VM"
 
-        # Without ports the session keeps the warm VM's passt.
-        portless = run(rt.create())
-        assert portless.id in warm
-        assert rt.store.get_session(portless.id).aux_pids == (warm[portless.id].passt_pid,)
-        assert run(rt.exec(portless.id, ["true"])).exit_code == 0
-        run(rt.remove(portless.id))
-        assert run(rt.fill_warm(count=1)) == 1
-
-        # Another machine shape is another key: it starts cold and leaves the pool alone.
-        other = run(rt.create(memory_mib=384, network="none"))
-        assert other.id not in warm
-        run(rt.remove(other.id))
+        # Other ports, another shape: other keys. They start cold and leave the pool alone.
+        for kind in ({}, {"ports": [8001]}, {"memory_mib": 384, "network": "none"}):
+            other = run(rt.create(**kind))  # type: ignore[arg-type]
+            assert other.id not in warm
+            run(rt.remove(other.id))
         [left] = rt.warm.rows.all()
 
         # A warm VM whose QEMU died is dropped, with its files, and the create starts cold.
         assert left.qemu_pid is not None
         os.kill(left.qemu_pid, signal.SIGKILL)
-        cold = run(rt.create())
+        cold = run(rt.create(ports=[8000]))
         assert cold.id != left.id
         assert rt.warm.rows.all() == []
         assert not rt.files(left.id).dir.exists()

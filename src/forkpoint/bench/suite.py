@@ -280,7 +280,7 @@ class Suite:
     async def _create_warm_once(self) -> tuple[float, float]:
         """A create that takes a warm VM (started beforehand, untimed: a server refills
         its warm VMs in the background between creates)."""
-        if await self.runtime.fill_warm(count=1) != 1:
+        if await self.runtime.fill_warm(count=1, ports=[GUEST_PORT]) != 1:
             raise InternalError("no warm VM could be started")
         await asyncio.sleep(0.2)  # the filler's own CPU is done
         return await self._create_once()

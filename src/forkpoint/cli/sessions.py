@@ -117,7 +117,7 @@ def create_command(
             session,
             f"[bold green]created[/] [cyan]{session.id}[/]{label} in {format_ms(timer.ms)}",
         )
-    refill_after_create(image, memory, cpus, network)
+    refill_after_create(image, memory, cpus, network, port or [])
 
 
 @reports_errors

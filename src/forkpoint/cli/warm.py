@@ -29,6 +29,10 @@ def warm_command(
     memory: Annotated[int, typer.Option("--memory", help="Guest RAM, MiB.")] = 512,
     cpus: Annotated[int, typer.Option("--cpus", help="Virtual CPUs.")] = 1,
     network: Annotated[str, typer.Option("--network", help="'user' or 'none'.")] = "user",
+    port: Annotated[
+        list[int] | None,
+        typer.Option("--port", help="Guest port creates forward (repeatable), as `create`'s."),
+    ] = None,
     from_checkpoint: Annotated[
         str | None,
         typer.Option("--from", help="For forks of this checkpoint instead of creates."),
@@ -40,9 +44,10 @@ def warm_command(
     drain: Annotated[bool, typer.Option("--drain", help="Stop every warm VM instead.")] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Start QEMU processes ahead for creates of this kind (or forks of a checkpoint, with
-    --from), so a create or fork needs no QEMU start-up (≈ 35 ms of CPU each); or stop them
-    all (--drain). Each waits paused: no CPU, ≈ 15 MiB.
+    """Start VMs ahead for creates of this kind (or forks of a checkpoint, with --from):
+    started, loaded and connected, with host ports for their forwards, so a create or fork
+    only runs one (no QEMU start-up, no load); or stop them all (--drain). Each waits
+    paused: no CPU, ≈ 40 MiB.
 
     Creates and forks take them; with FORKPOINT_WARM_VMS set, creates refill them."""
     if count is not None and not 0 <= count <= 64:
@@ -53,7 +58,7 @@ def warm_command(
             changed = runtime.warm.drain()
         else:
             changed = await runtime.fill_warm(
-                image=image, memory_mib=memory, cpus=cpus, network=network,
+                image=image, memory_mib=memory, cpus=cpus, network=network, ports=port or [],
                 checkpoint=from_checkpoint, count=count,
             )  # fmt: skip
         return {"drained" if drain else "started": changed, "warm": _rows(runtime)}
@@ -69,14 +74,17 @@ def warm_command(
         console.print("[dim]none kept: give --count N, or set FORKPOINT_WARM_VMS[/]")
     if result["warm"]:
         table = Table(box=None, header_style="bold")
-        for column in ("SESSION ID", "FROM", "QEMU PID", "SINCE"):
+        for column in ("SESSION ID", "FROM", "PORTS", "QEMU PID", "SINCE"):
             table.add_column(column)
         for w in result["warm"]:
-            table.add_row(w["id"], w["checkpoint"], str(w["qemu_pid"]), short_time(w["created_at"]))
+            ports = ", ".join(f"{p['host_port']}→{p['guest_port']}" for p in w["ports"]) or "-"
+            table.add_row(
+                w["id"], w["checkpoint"], ports, str(w["qemu_pid"]), short_time(w["created_at"])
+            )
         print_table(table)
 
 
-def refill_after_create(image: str, memory: int, cpus: int, network: str) -> None:
+def refill_after_create(image: str, memory: int, cpus: int, network: str, ports: list[int]) -> None:
     """After a create has printed its result: top the warm VMs up again (when
     FORKPOINT_WARM_VMS asks for some). A failure is reported, the create stands."""
     from forkpoint.runtime.capacity import host_limits
@@ -88,7 +96,11 @@ def refill_after_create(image: str, memory: int, cpus: int, network: str) -> Non
         return  # the create reported it already
     sys.stdout.flush()  # the result is out before the refill starts
     try:
-        run(lambda rt: rt.fill_warm(image=image, memory_mib=memory, cpus=cpus, network=network))
+        run(
+            lambda rt: rt.fill_warm(
+                image=image, memory_mib=memory, cpus=cpus, network=network, ports=ports
+            )
+        )
     except ForkpointError as error:
         err_console.print(f"forkpoint: warm VMs not refilled: {escape(error.message)}")
 
@@ -98,7 +110,9 @@ def _rows(runtime: Runtime) -> list[dict[str, Any]]:
         {
             "id": w.id,
             "checkpoint": w.checkpoint_id,
+            "ports": [{"host_port": h, "guest_port": g} for h, g in w.forwards],
             "qemu_pid": w.qemu_pid,
+            "passt_pid": w.passt_pid,
             "created_at": w.created_at,
         }
         for w in runtime.warm.rows.all()

@@ -201,9 +201,6 @@ async def start_restored(
     machine: Machine | None = None
     passt_pid = None
     passt_placed: asyncio.Future[None] | None = None
-    # A warm VM is loaded, its passt connected but forwarding nothing: a session with
-    # forwards gets a passt of its own instead (while the VM is paused nothing is sent).
-    new_passt = network and (warm is None or bool(spec.forwards))
     try:
         if warm is None:
             machine = await Machine.launch(
@@ -211,28 +208,26 @@ async def start_restored(
                 jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
                 cgroup=cgroup,
             )  # fmt: skip
-        else:
+            faults.point("restore.qemu-started")
+            if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
+
+                async def connect() -> None:
+                    nonlocal passt_pid, passt_placed
+                    passt_pid = await asyncio.to_thread(
+                        start_passt, files, list(spec.forwards), spec.jail
+                    )
+                    faults.point("restore.passt-started")
+                    # Moved while the state loads (a cgroup move can take milliseconds).
+                    passt_placed = asyncio.ensure_future(
+                        asyncio.to_thread(cgroup.attach, passt_pid)
+                    )
+
+                await machine.attach_network(connect)
+            await machine.restore(spec.checkpoint.state, run=False)
+        else:  # loaded already, its passt connected and forwarding the session's ports
             assert warm.qemu_pid is not None  # WarmStore.take hands out started ones only
             machine = await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
             passt_pid = warm.passt_pid
-        faults.point("restore.qemu-started")
-        if new_passt:  # connected before the VM runs; learns the MAC from QEMU's announcement
-
-            async def connect() -> None:
-                nonlocal passt_pid, passt_placed
-                await asyncio.to_thread(stop_passt, files, passt_pid)  # a warm VM's
-                passt_pid = await asyncio.to_thread(
-                    start_passt, files, list(spec.forwards), spec.jail
-                )
-                faults.point("restore.passt-started")
-                # Moved while the state loads (a cgroup move can take milliseconds).
-                passt_placed = asyncio.ensure_future(asyncio.to_thread(cgroup.attach, passt_pid))
-
-            await machine.attach_network(connect)
-        if warm is None:
-            await machine.restore(spec.checkpoint.state, run=False)
-        elif new_passt:
-            await machine.announce()  # the load's announcement went to the warm passt
         faults.point("restore.state-loaded")
         if passt_placed is not None:
             await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
@@ -245,7 +240,7 @@ async def start_restored(
         await machine.run()
         faults.point("restore.running")
         await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
-        if passt_pid is not None and new_passt:  # last: passt's start-up overlaps the load
+        if passt_pid is not None and warm is None:  # last: its start-up overlaps the load
             await asyncio.to_thread(wait_passt_ready, files, passt_pid)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.

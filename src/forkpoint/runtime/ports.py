@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterable
 
 from forkpoint.config import Home
 from forkpoint.errors import InternalError
@@ -19,7 +20,7 @@ from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 from .egress import install_filter, policy_of
 from .machines import jail_of
 
-__all__ = ["HostPorts"]
+__all__ = ["HostPorts", "free_host_port"]
 
 _ATTEMPTS = 100
 
@@ -44,15 +45,16 @@ class HostPorts:
 
     def _allocate(self, session_id: str, guest_port: int) -> int:
         with global_lock(self.home, "ports"):
-            taken = self.store.allocated_host_ports()
-            for _ in range(_ATTEMPTS):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", 0))
-                    port = int(probe.getsockname()[1])
-                if port not in taken:
-                    self.store.add_port(session_id, guest_port, port)
-                    return port
-        raise InternalError("no free host port found on 127.0.0.1")
+            port = free_host_port(self.store.allocated_host_ports())
+            self.store.add_port(session_id, guest_port, port)
+            return port
+
+    def adopt(self, session_id: str, forwards: Iterable[tuple[int, int]]) -> None:
+        """Record the ``(host, guest)`` forwards a warm VM's passt already serves as the
+        session's (their host ports were reserved for it, see :mod:`.warm`)."""
+        with self.store.transaction():
+            for host, guest in forwards:
+                self.store.add_port(session_id, guest, host)
 
     def keep_or_move(self, session_id: str) -> dict[int, int]:
         """Before a session's VM starts again (rollback; ``recover`` after a host restart):
@@ -70,20 +72,10 @@ class HostPorts:
                 for p in record.ports:
                     host = p.host_port
                     if not _bindable(host):
-                        host = moved[p.host_port] = self._free(taken)
+                        host = moved[p.host_port] = free_host_port(taken)
                     taken.add(host)
                     self.store.add_port(record.id, p.guest_port, host)
             return moved
-
-    @staticmethod
-    def _free(taken: set[int]) -> int:
-        for _ in range(_ATTEMPTS):
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = int(probe.getsockname()[1])
-            if port not in taken:
-                return port
-        raise InternalError("no free host port found on 127.0.0.1")
 
     def restart_network(self, files: VmFiles, session_id: str) -> None:
         """Restart the session's passt with all its recorded forwards (blocking)."""
@@ -98,6 +90,21 @@ class HostPorts:
             join_cgroups_of(record.qemu_pid, pid)  # the session's cgroup, beside its QEMU
         self.store.update_session(record.id, aux_pids=[pid])
         wait_passt_ready(files, pid)
+
+
+def free_host_port(taken: set[int]) -> int:
+    """A port free on 127.0.0.1 now (the kernel's pick) and not in ``taken``; the caller
+    holds the home's ``ports`` lock and records it before releasing it.
+
+    :raises InternalError: none found.
+    """
+    for _ in range(_ATTEMPTS):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in taken:
+            return port
+    raise InternalError("no free host port found on 127.0.0.1")
 
 
 def _bindable(port: int) -> bool:

@@ -246,7 +246,7 @@ class Runtime(Queries):
                 f"({img.recipe.disk_size >> 20} MiB): disks only grow"
             )
         template = await self._templates.get(img, shape)
-        target = WarmTarget(template, img, shape, request.network)
+        target = WarmTarget(template, img, shape, request.network, request.ports)
         warm = await asyncio.to_thread(self.warm.take, target)  # any started ahead
         warm_size = host_limits().warm_vms
         session = await self._start_session(
@@ -274,20 +274,30 @@ class Runtime(Queries):
         memory_mib: int = 512,
         cpus: int = 1,
         network: Network | str = Network.USER,
+        ports: Sequence[int] = (),
         checkpoint: str | None = None,
         count: int | None = None,
     ) -> int:
         """Start warm VMs until there are ``count`` (``FORKPOINT_WARM_VMS`` by default)
-        for creates of this kind, or with ``checkpoint`` for forks of it; returns how many
-        started. See :mod:`.warm`. :raises NotFound: no such image or checkpoint."""
+        for creates of this kind (forwarding ``ports``), or with ``checkpoint`` for forks
+        of it; returns how many started. See :mod:`.warm`.
+        :raises NotFound: no such image or checkpoint; :raises InvalidInput: bad ports."""
         size = host_limits().warm_vms if count is None else count
         if checkpoint is not None:
             record, source = await asyncio.to_thread(self._fork_source, checkpoint)
             target = await self._fork_target(record, source)
         else:
-            img, shape = await asyncio.to_thread(self._machine, image, memory_mib, cpus)
+            from forkpoint.requests import CreateSessionRequest, parse
+
+            request = parse(
+                CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus,
+                ports=tuple(ports), network=network,
+            )  # fmt: skip
+            img, shape = await asyncio.to_thread(
+                self._machine, request.image, request.memory_mib, request.cpus
+            )
             template = await self._templates.get(img, shape)
-            target = WarmTarget(template, img, shape, Network(network))
+            target = WarmTarget(template, img, shape, request.network, request.ports)
         return await self.warm.fill(target, size) if size > 0 else 0
 
     def _require_room(self, sessions: int) -> None:
@@ -369,7 +379,11 @@ class Runtime(Queries):
                 raise
             faults.point("restore.session-inserted")
             try:
-                forwards = [(await self._ports.allocate(record.id, g), g) for g in guest_ports]
+                if warm is None:
+                    forwards = [(await self._ports.allocate(record.id, g), g) for g in guest_ports]
+                else:  # its passt forwards host ports reserved for it
+                    forwards = list(warm.forwards)
+                    await asyncio.to_thread(self._ports.adopt, record.id, forwards)
                 spec = RestoreSpec(
                     files=self.files(record.id),
                     checkpoint=self.checkpoint_files(checkpoint.id),
@@ -713,7 +727,8 @@ class Runtime(Queries):
             self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
         )
         await asyncio.to_thread(self._manifest, record.id, shape)
-        return WarmTarget(record, image, shape, source.network if source else Network.USER)
+        network = source.network if source else Network.USER
+        return WarmTarget(record, image, shape, network, manifest.ports)
 
     def _fork_source(self, checkpoint: str) -> tuple[CheckpointRecord, SessionRecord | None]:
         """The checkpoint, and the session it was taken of if that still exists."""

@@ -5,19 +5,20 @@ floor of every restore and more than half of a create; loading the device state 
 another ≈ 10 ms. A warm VM is a restore stopped just before the guest runs: QEMU started
 as a create's restore starts it (``-incoming defer``, mapping the template's RAM file, on
 a new disk layer of its own, in its own cgroup, as its own uid, its egress rules
-installed for the default policy), passt connected (forwarding nothing), the state
-loaded, the VM paused — for a session id minted ahead: its directory, ``-name``, uid and
-cgroup are already the session's. A create that takes one runs it; one that forwards
-ports first replaces its passt by one that forwards them (see ``machines.start_restored``).
+installed for the default policy), passt connected and forwarding host ports reserved
+for it, the state loaded, the VM paused — for a session id minted ahead: its directory,
+``-name``, uid, cgroup and host ports are already the session's. A create that takes one
+only records it and runs it (see ``machines.start_restored``).
 
-Kept: ``FORKPOINT_WARM_VMS`` per (template, machine shape with its QEMU build, network)
-that creates used, refilled after each create by whoever made it (the server in the
-background, the CLI once it printed its result). Paused, a warm VM costs no CPU and
-≈ 40 MiB (QEMU and passt). A warm VM never serves a key it was not started for: the key names the
-template checkpoint, the shape (memory, vCPUs, accelerator, QEMU binary digest, argv
-layout) and the network. Its rows leave the store in the transaction that hands them out
-(``store/warm.py``); one whose QEMU or passt died is discarded when met. Removing a template's
-checkpoint or image drains its warm VMs first.
+Kept: ``FORKPOINT_WARM_VMS`` per (template, machine shape with its QEMU build, network,
+forwarded guest ports) that creates used, refilled after each create by whoever made it
+(the server in the background, the CLI once it printed its result). Paused, a warm VM
+costs no CPU and ≈ 40 MiB (QEMU and passt). A warm VM never serves a key it was not
+started for: the key names the template checkpoint, the shape (memory, vCPUs,
+accelerator, QEMU binary digest, argv layout), the network and the forwarded guest
+ports. Its rows leave the store in the transaction that hands them out
+(``store/warm.py``); one whose QEMU or passt died is discarded when met. Removing a
+template's checkpoint or image drains its warm VMs first.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
 from forkpoint.models import Network
-from forkpoint.store import CheckpointRecord, Store, utc_now
+from forkpoint.store import CheckpointRecord, Store, global_lock, utc_now
 from forkpoint.store.warm import WarmRecord, WarmStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
@@ -44,6 +45,7 @@ from .egress import install_filter
 from .limits import prepare_cgroup
 from .machines import boot_files, new_layer_name
 from .manifest import CheckpointFiles
+from .ports import free_host_port
 
 __all__ = ["WarmPool", "WarmTarget", "vm_files"]
 
@@ -63,10 +65,12 @@ class WarmTarget:
     image: Image
     shape: MachineShape
     network: Network
+    guest_ports: tuple[int, ...] = ()  # forwarded to host ports reserved ahead
 
     @property
     def key(self) -> str:
-        return f"{self.template.id}:{self.shape.key}:{self.network.value}"
+        ports = ",".join(map(str, sorted(set(self.guest_ports))))
+        return f"{self.template.id}:{self.shape.key}:{self.network.value}:{ports}"
 
 
 class WarmPool:
@@ -125,7 +129,7 @@ class WarmPool:
 
     async def _start(self, target: WarmTarget) -> None:
         layer = new_layer_name()
-        record = self.rows.reserve(target.template.id, target.key, layer)
+        record = await asyncio.to_thread(self._reserve, target, layer)
         files = vm_files(self.home, record.id)
         jail = Jail(record.uid)
         passt_pid: int | None = None
@@ -149,13 +153,12 @@ class WarmPool:
 
                     async def connect() -> None:
                         nonlocal passt_pid
-                        passt_pid = await asyncio.to_thread(start_passt, files, [], jail)
+                        passt_pid = await asyncio.to_thread(
+                            start_passt, files, record.forwards, jail
+                        )
                         await asyncio.to_thread(cgroup.attach, passt_pid)
 
                     await machine.attach_network(connect)
-                # A create that forwards ports replaces this passt: no announcement of
-                # the load may come later (see Machine.announce_once_after_load).
-                await machine.announce_once_after_load()
                 await machine.restore(checkpoint.state, run=False)
             finally:
                 await machine.close()
@@ -166,6 +169,18 @@ class WarmPool:
             self.rows.remove(record.id)
             self._discard_files(record)  # its passt too: found by its command line
             raise
+
+    def _reserve(self, target: WarmTarget, layer: str) -> WarmRecord:
+        """Its row, with a free host port for each forwarded guest port (no session can
+        take them: the store counts them as allocated; see ``HostPorts``)."""
+        forwards: list[tuple[int, int]] = []
+        with global_lock(self.home, "ports"):
+            taken = self.rows.store.allocated_host_ports()
+            for guest in sorted(set(target.guest_ports)):
+                host = free_host_port(taken)
+                taken.add(host)
+                forwards.append((host, guest))
+            return self.rows.reserve(target.template.id, target.key, layer, tuple(forwards))
 
     def _drop_abandoned(self) -> None:
         """Rows a filler reserved but never gave a QEMU (it was killed): they would count

@@ -417,9 +417,12 @@ class Store:
             return list(current.ports)
 
     def allocated_host_ports(self) -> set[int]:
-        """Every host port recorded for any session."""
+        """Every host port recorded for any session or reserved for a warm VM."""
         with self._read() as conn:
-            return {row[0] for row in conn.execute("SELECT host_port FROM ports")}
+            ports = {row[0] for row in conn.execute("SELECT host_port FROM ports")}
+            for (forwards,) in conn.execute("SELECT forwards FROM warm_vms"):
+                ports.update(host for host, _ in json.loads(forwards))
+        return ports
 
     # --- checkpoints -------------------------------------------------------------------
 

@@ -158,13 +158,16 @@ def _v6_warm(conn: sqlite3.Connection) -> None:
 
 
 def _v7_warm_loaded(conn: sqlite3.Connection) -> None:
-    """Warm VMs hold their state loaded and their passt connected (``passt_pid``). The
-    rows of version 6 stand for VMs that have neither: dropped (their processes, files and
-    layers are then orphans, which the sweep removes)."""
+    """Warm VMs hold their state loaded and their passt connected (``passt_pid``),
+    forwarding host ports reserved for them (``forwards``: JSON ``[[host, guest], ...]``;
+    no session's ``ports`` row may take one). The rows of version 6 stand for VMs that
+    have neither: dropped (their processes, files and layers are then orphans, which the
+    sweep removes)."""
     _run(
         conn,
         "DELETE FROM warm_vms",
         "ALTER TABLE warm_vms ADD COLUMN passt_pid INTEGER",
+        "ALTER TABLE warm_vms ADD COLUMN forwards TEXT NOT NULL DEFAULT '[]'",
     )
 
 

@@ -7,6 +7,7 @@ to a create: two creates never take the same VM, and no session gets a warm VM's
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 
@@ -26,13 +27,14 @@ class WarmRecord:
     qemu_pid: int | None  # None until it started (and had its state loaded)
     created_at: str
     passt_pid: int | None = None  # its network helper, connected (None: no network)
+    forwards: tuple[tuple[int, int], ...] = ()  # (host, guest) ports its passt forwards
 
     @property
     def pids(self) -> set[int]:
         return {p for p in (self.qemu_pid, self.passt_pid) if p}
 
 
-_COLUMNS = "id, uid, checkpoint_id, key, disk_layer, qemu_pid, created_at, passt_pid"
+_COLUMNS = "id, uid, checkpoint_id, key, disk_layer, qemu_pid, created_at, passt_pid, forwards"
 
 
 class WarmStore:
@@ -41,18 +43,26 @@ class WarmStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def reserve(self, checkpoint_id: str, key: str, disk_layer: str) -> WarmRecord:
-        """A new row: a fresh session id and a uid no session or warm VM has."""
+    def reserve(
+        self,
+        checkpoint_id: str,
+        key: str,
+        disk_layer: str,
+        forwards: tuple[tuple[int, int], ...] = (),
+    ) -> WarmRecord:
+        """A new row: a fresh session id, a uid no session or warm VM has, and the host
+        ports of ``forwards`` (chosen free under the home's ``ports`` lock, held by the
+        caller) reserved."""
         with self.store.transaction() as conn:
             record = WarmRecord(
                 id=new_session_id(), uid=free_uid(conn, self.store.uids),
                 checkpoint_id=checkpoint_id, key=key, disk_layer=disk_layer, qemu_pid=None,
-                created_at=utc_now(),
+                created_at=utc_now(), forwards=forwards,
             )  # fmt: skip
             conn.execute(
-                f"INSERT INTO warm_vms ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO warm_vms ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.id, record.uid, record.checkpoint_id, record.key, record.disk_layer,
-                 None, record.created_at, None),
+                 None, record.created_at, None, json.dumps(forwards)),
             )  # fmt: skip
         return record
 
@@ -92,4 +102,5 @@ def _record(row: sqlite3.Row) -> WarmRecord:
         id=row["id"], uid=int(row["uid"]), checkpoint_id=row["checkpoint_id"], key=row["key"],
         disk_layer=row["disk_layer"], qemu_pid=row["qemu_pid"], created_at=row["created_at"],
         passt_pid=row["passt_pid"],
+        forwards=tuple((int(host), int(guest)) for host, guest in json.loads(row["forwards"])),
     )  # fmt: skip

@@ -213,12 +213,6 @@ class Machine:
         """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
         await self._qmp.run("announce-self", initial=0, max=0, rounds=1, step=0)
 
-    async def announce_once_after_load(self) -> None:
-        """Let the next :meth:`restore` announce the NIC once, as it completes, instead of
-        five times over ≈ 1.3 s: a backend replaced after the load then never meets a
-        late round while disconnected (which crashes QEMU 7.2, see :mod:`.argv`)."""
-        await self._qmp.run("migrate-set-parameters", **{"announce-rounds": 1})
-
     async def grow_disk(self, size_bytes: int) -> int:
         """Grow the virtual disk to ``size_bytes`` (QEMU truncates the top layer through
         its descriptor and tells the guest the new capacity); returns the size it had.
