@@ -117,6 +117,8 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
         # A warm VM whose QEMU died is dropped, with its files, and the create starts cold.
         assert left.qemu_pid is not None
         os.kill(left.qemu_pid, signal.SIGKILL)
+        while _alive(rt, left.id, left.qemu_pid):  # a kill is not instant (nor is a create)
+            time.sleep(0.01)
         cold = run(rt.create(ports=[8000]))
         assert cold.id != left.id
         assert rt.warm.rows.all() == []
