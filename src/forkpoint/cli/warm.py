@@ -47,7 +47,7 @@ def warm_command(
     """Start VMs ahead for creates of this kind (or forks of a checkpoint, with --from):
     started, loaded and connected, with host ports for their forwards, so a create or fork
     only runs one (no QEMU start-up, no load); or stop them all (--drain). Each waits
-    paused: no CPU, ≈ 40 MiB.
+    paused: no CPU, ≈ 41 MiB.
 
     Creates and forks take them; with FORKPOINT_WARM_VMS set, creates refill them."""
     if count is not None and not 0 <= count <= 64:
