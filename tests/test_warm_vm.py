@@ -109,7 +109,7 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
 
         # Other ports, another shape: other keys. They start cold and leave the pool alone.
         for kind in ({}, {"ports": [8001]}, {"memory_mib": 384, "network": "none"}):
-            other = run(rt.create(**kind))  # type: ignore[arg-type]
+            other = run(rt.create(**kind))
             assert other.id not in warm
             run(rt.remove(other.id))
         [left] = rt.warm.rows.all()
