@@ -20,6 +20,8 @@ import pytest
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.invariants import check_home
+from forkpoint.runtime.warm import WarmTarget
+from forkpoint.store.warm import WarmRecord
 from forkpoint.vm.process import is_running
 
 pytestmark = pytest.mark.vm
@@ -125,6 +127,38 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
         assert not rt.files(left.id).dir.exists()
         assert not (rt.home.layers / left.disk_layer).exists()
         run(rt.remove(cold.id))
+    finally:
+        run(rt.remove(session.id))
+    assert _new_problems(rt, before) == []
+
+
+def test_a_warm_vm_that_dies_once_taken_is_restored_cold_in_its_place(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = check_home(rt.home, rt.store)
+    assert run(rt.fill_warm(ports=[8000], count=1)) == 1
+    [warm] = rt.warm.rows.all()
+    take = rt.warm.take
+
+    def take_then_die(target: WarmTarget) -> WarmRecord | None:
+        record = take(target)
+        assert record is not None and record.qemu_pid is not None
+        os.kill(record.qemu_pid, signal.SIGKILL)  # after the pool's liveness check
+        while _alive(rt, record.id, record.qemu_pid):
+            time.sleep(0.01)
+        return record
+
+    monkeypatch.setattr(rt.warm, "take", take_then_die)
+    session = run(rt.create(ports=[8000]))
+    try:
+        record = rt.store.get_session(session.id)
+        assert session.id == warm.id and record.qemu_pid != warm.qemu_pid  # a new QEMU
+        assert record.disk_layer != warm.disk_layer
+        assert not (rt.home.layers / warm.disk_layer).exists()
+        assert [(p.host_port, p.guest_port) for p in session.ports] == list(warm.forwards)
+        run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports, a new passt
+        assert _read_port(session.ports[0].host_port) == b"from the warm VM"
+        assert _new_problems(rt, before) == []
     finally:
         run(rt.remove(session.id))
     assert _new_problems(rt, before) == []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from forkpoint import faults
 from forkpoint.agent_client import fresh_identity, post_identity
 from forkpoint.config import Home
+from forkpoint.errors import QemuError
 from forkpoint.images import Image
 from forkpoint.models import JAIL_UID_BASE, Network
 from forkpoint.store import SessionRecord
@@ -33,6 +34,7 @@ from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
+from forkpoint.vm.process import is_running, kill_and_wait
 
 from .egress import install_filter
 from .limits import prepare_cgroup, report_not_enforced
@@ -174,34 +176,37 @@ async def start_restored(
     """
     files = spec.files
     files.ensure()
-    layer = warm.disk_layer if warm else new_layer_name()
-    # The session's cgroup (made once, reused by rollbacks and warm VMs; named by the
-    # session id, its directory's name) is prepared while the new disk layer is copied.
-    _, cgroup = await asyncio.gather(
-        asyncio.to_thread(
-            overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
-        )
-        if warm is None
-        else asyncio.sleep(0),
-        asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
-    )
-    faults.point("restore.layer-made")
-    prepared = set(cgroup.not_enforced)
     network = spec.network == Network.USER
-    # Installed while QEMU starts; the guest runs only once it is (no unfiltered packet
-    # ever leaves: until then the VM is paused). A warm VM's uid got the default policy's
-    # rules when it started (see .warm): installing them again would put `nft`'s 20 ms
-    # on the path the warm VM exists to shorten.
-    preinstalled = warm is not None and spec.egress == EgressPolicy()
-    filtering = (
-        asyncio.ensure_future(asyncio.to_thread(install_filter, spec.jail, spec.egress))
-        if network and not preinstalled
-        else None
-    )
     machine: Machine | None = None
+    layer = warm.disk_layer if warm else new_layer_name()
+    filtering: asyncio.Future[None] | None = None
     passt_pid = None
     passt_placed: asyncio.Future[None] | None = None
     try:
+        if warm is not None:
+            machine = await _adopt_warm(home, files, warm)
+            if machine is None:  # it died since it was taken: restored cold in its place
+                warm, layer = None, new_layer_name()
+        # The session's cgroup (made once, reused by rollbacks and warm VMs; named by the
+        # session id, its directory's name) is prepared while the new disk layer is copied.
+        _, cgroup = await asyncio.gather(
+            asyncio.to_thread(
+                overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
+            )
+            if warm is None
+            else asyncio.sleep(0),
+            asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
+        )
+        faults.point("restore.layer-made")
+        prepared = set(cgroup.not_enforced)
+        # Installed while QEMU starts; the guest runs only once it is (no unfiltered packet
+        # ever leaves: until then the VM is paused). A warm VM's uid got the default
+        # policy's rules when it started (see .warm): installing them again would put
+        # `nft`'s 20 ms on the path the warm VM exists to shorten.
+        if network and not (warm is not None and spec.egress == EgressPolicy()):
+            filtering = asyncio.ensure_future(
+                asyncio.to_thread(install_filter, spec.jail, spec.egress)
+            )
         if warm is None:
             machine = await Machine.launch(
                 qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
@@ -225,9 +230,8 @@ async def start_restored(
                 await machine.attach_network(connect)
             await machine.restore(spec.checkpoint.state, run=False)
         else:  # loaded already, its passt connected and forwarding the session's ports
-            assert warm.qemu_pid is not None  # WarmStore.take hands out started ones only
-            machine = await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
             passt_pid = warm.passt_pid
+        assert machine is not None
         faults.point("restore.state-loaded")
         if passt_placed is not None:
             await passt_placed  # QEMU and passt are both in the cgroup before the VM runs
@@ -252,3 +256,16 @@ async def start_restored(
         (home.layers / layer).unlink(missing_ok=True)
         raise
     return Started(machine, passt_pid, layer)
+
+
+async def _adopt_warm(home: Home, files: VmFiles, warm: WarmRecord) -> Machine | None:
+    """The warm VM's QEMU; None if it or its passt died since the pool checked them (then
+    nothing of it is left: its passt held the session's host ports)."""
+    assert warm.qemu_pid is not None  # WarmStore.take hands out started ones only
+    if warm.passt_pid is None or is_running(warm.passt_pid, files.name):
+        with contextlib.suppress(QemuError):
+            return await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
+    await asyncio.to_thread(kill_and_wait, warm.qemu_pid, files.name)
+    await asyncio.to_thread(stop_passt, files, warm.passt_pid)
+    (home.layers / warm.disk_layer).unlink(missing_ok=True)
+    return None
