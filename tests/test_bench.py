@@ -125,8 +125,16 @@ def test_fanout_rows_show_before_target_and_peer() -> None:
     base["fanout"] = {
         "density": {"20": {**idle, "idle_cpu_pct": 0.5}},
         "fork100": {"op": {"p50_ms": 9000.0}, "ready": {"p50_ms": 30000.0}},
+        "fork100_warm": {
+            "op": {"p50_ms": 1500.0},
+            "ready": {"p50_ms": 3500.0},
+            "serving": 99,
+            "count": 100,
+        },
     }
     rows = {row[0]: row for row in fanout_rows(base)}
+    assert rows["fork x100 from warm VMs"][1:4] == ["1500 ms", "— (`fork --count 64`: 16.5 s)", "—"]
+    assert rows["fork x100 from warm VMs, all serving"][3] == "≤ 4000 ms ✅"
     assert rows["fork x20"][1:4] == ["2500 ms", "1.62 s", "≤ 500 ms ❌"]
     assert "CubeSandbox" in rows["fork x20"][4]
     assert rows["fork x100, all serving"][1:4] == ["30.0 s", "—", "≤ 4000 ms ❌"]
@@ -139,6 +147,7 @@ def test_fanout_rows_show_before_target_and_peer() -> None:
     ]
     assert rows["CPU of an idle VM (QEMU + passt)"][3] == "≤ 1.0 % ✅"
     assert "## Fan-out and density" in render_markdown(base)
+    assert "Of 100 from warm VMs: 99/100." in render_markdown(base)
     assert fanout_rows(_synthetic())[-1][0] == "rollback"  # nothing of what was not measured
 
 

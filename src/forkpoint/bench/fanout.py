@@ -135,6 +135,9 @@ def fanout_rows(result: Mapping[str, Any]) -> list[list[str]]:
     row("fork20_ready", "fork x20 from warm VMs, all serving", p50(warm20.get("ready")), "ms")
     row("fork100", "fork x100", p50(wide.get("op")), "ms", "")
     row("fork100_ready", "fork x100, all serving", p50(wide.get("ready")), "ms")
+    warm100 = fanout.get("fork100_warm", {})
+    row("fork100", "fork x100 from warm VMs", p50(warm100.get("op")), "ms", "")
+    row("fork100_ready", "fork x100 from warm VMs, all serving", p50(warm100.get("ready")), "ms")
     for count in ("20", "100"):
         measured = fanout.get("density", {}).get(count)
         if measured:

@@ -14,7 +14,8 @@
     scaling    [{in_use_mib, configured_mib, checkpoint_p50_ms, pause_p50_ms, checkpoint_mib}]
     fanout     {density: {"20"|"100": {forks, qemu_mib, helper_mib, per_fork_mib, total_mib,
                idle_cpu_pct, window_s}}, fork100: {op, ready: Summary, serving, count},
-               create_warm: Summary, fork20_warm: {op, ready: Summary}} -- live idle
+               create_warm: Summary, fork20_warm: {op, ready: Summary}, fork100_warm: like
+               fork100} -- live idle
                forks' PSS and CPU per VM; fork x100 when the host allows it; a create and a
                fork x20 that take warm VMs (runtime/warm.py)
     cli        {ls, show, exec}: {p50_ms, p95_ms, n} -- wall time of one ``forkpoint`` process
@@ -219,10 +220,17 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         + ".",
     ]
     serving, count = result.get("fork20_serving", 0), result.get("fork20_count", 20)
+    widest = [
+        f" Of {entry['count']}{' from warm VMs' if key.endswith('_warm') else ''}: "
+        f"{entry['serving']}/{entry['count']}."
+        for key, entry in result.get("fanout", {}).items()
+        if key.startswith("fork") and "serving" in entry
+    ]
     lines += [
         "",
-        f"Forks x{count} serving HTTP through their own forward: {serving}/{count}. "
-        f"Forks that failed to start during the run: {result.get('fork_failures', 0)}.",
+        f"Forks x{count} serving HTTP through their own forward: {serving}/{count}."
+        + "".join(widest)
+        + f" Forks that failed to start during the run: {result.get('fork_failures', 0)}.",
         "",
     ]
     lines += _fanout_lines(result)

@@ -208,6 +208,14 @@ class Suite:
             }
             if most.density:
                 fanout["density"][str(widest)] = most.density
+            if plan.fork_warm:
+                warm_most = await self._fan_out(checkpoint.id, widest, plan.fork100_reps, warm=True)
+                fanout[f"fork{widest}_warm"] = {
+                    "op": summarize(warm_most.op_ms),
+                    "ready": summarize(warm_most.ready_ms),
+                    "serving": min(warm_most.serving),
+                    "count": widest,
+                }
 
         ops["rollback"], ready["rollback"] = await self._repeat(
             "rollback", plan.reps, lambda: self._rollback_once(server.id, checkpoint.id, url)
