@@ -34,8 +34,9 @@ from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
-from forkpoint.vm.process import is_running, kill_and_wait
+from forkpoint.vm.process import is_running
 
+from .cleanup import kill_vm_processes
 from .egress import install_filter
 from .limits import prepare_cgroup, report_not_enforced
 from .manifest import CheckpointFiles
@@ -265,7 +266,6 @@ async def _adopt_warm(home: Home, files: VmFiles, warm: WarmRecord) -> Machine |
     if warm.passt_pid is None or is_running(warm.passt_pid, files.name):
         with contextlib.suppress(QemuError):
             return await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
-    await asyncio.to_thread(kill_and_wait, warm.qemu_pid, files.name)
-    await asyncio.to_thread(stop_passt, files, warm.passt_pid)
+    await asyncio.to_thread(kill_vm_processes, files, warm.qemu_pid, warm.aux_pids)
     (home.layers / warm.disk_layer).unlink(missing_ok=True)
     return None

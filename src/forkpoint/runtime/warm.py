@@ -193,7 +193,7 @@ class WarmPool:
 
     def _discard_files(self, record: WarmRecord) -> None:
         files = vm_files(self.home, record.id)
-        kill_vm_processes(files, record.qemu_pid, [record.passt_pid] if record.passt_pid else [])
+        kill_vm_processes(files, record.qemu_pid, record.aux_pids)
         remove_session_files(files)
         with contextlib.suppress(OSError):
             (self.home.layers / record.disk_layer).unlink()

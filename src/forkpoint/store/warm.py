@@ -30,8 +30,13 @@ class WarmRecord:
     forwards: tuple[tuple[int, int], ...] = ()  # (host, guest) ports its passt forwards
 
     @property
+    def aux_pids(self) -> list[int]:
+        """Its passt, as ``SessionRecord.aux_pids`` (what it becomes)."""
+        return [self.passt_pid] if self.passt_pid else []
+
+    @property
     def pids(self) -> set[int]:
-        return {p for p in (self.qemu_pid, self.passt_pid) if p}
+        return {p for p in (self.qemu_pid, *self.aux_pids) if p}
 
 
 _COLUMNS = "id, uid, checkpoint_id, key, disk_layer, qemu_pid, created_at, passt_pid, forwards"
