@@ -131,8 +131,14 @@ def test_fanout_rows_show_before_target_and_peer() -> None:
             "serving": 99,
             "count": 100,
         },
+        "rollback_standby": {"p50_ms": 45.0},
     }
     rows = {row[0]: row for row in fanout_rows(base)}
+    assert rows["rollback with a standby QEMU"][1:4] == [
+        "45 ms",
+        "91 ms (no standby: the last full run's rollback)",
+        "≤ 50 ms ✅",
+    ]
     assert rows["fork x100 from warm VMs"][1:4] == ["1500 ms", "— (`fork --count 64`: 16.5 s)", "—"]
     assert rows["fork x100 from warm VMs, all serving"][3] == "≤ 4000 ms ✅"
     assert rows["fork x20"][1:4] == ["2500 ms", "1.62 s", "≤ 500 ms ❌"]
@@ -202,6 +208,7 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
     assert result["memory"]["fork20_total_mib"] > 0
     assert result["fork20_serving"] >= 1
     assert result["fanout"]["create_warm"]["n"] >= 1
+    assert result["fanout"]["rollback_standby"]["n"] >= 1
     idle = result["fanout"]["density"]["20"]
     assert idle["forks"] >= 1 and idle["qemu_mib"] > 0 and idle["helper_mib"] > 0, idle
     assert 0 < idle["idle_cpu_pct"] < 100, idle

@@ -144,12 +144,15 @@ class HostLimits:
     default 1 GiB). ``max_sessions``: running sessions at most (``FORKPOINT_MAX_SESSIONS``,
     default 32). ``warm_vms``: QEMU processes kept started ahead for creates of each
     image template and machine shape in use (``FORKPOINT_WARM_VMS``, default 0: none; see
-    ``runtime/warm.py``).
+    ``runtime/warm.py``). ``rollback_standbys``: sessions that keep a QEMU started ahead
+    for their next rollback (``FORKPOINT_ROLLBACK_STANDBYS``, default 0; see
+    ``runtime/standby.py``).
     """
 
     disk_reserve: str = "1G"
     max_sessions: int = 32
     warm_vms: int = 0
+    rollback_standbys: int = 0
 
     @classmethod
     def from_env(cls) -> HostLimits:
@@ -158,7 +161,8 @@ class HostLimits:
         reserve = os.environ.get("FORKPOINT_DISK_RESERVE", "").strip() or default.disk_reserve
         count = _env_int("FORKPOINT_MAX_SESSIONS", default.max_sessions, 1, 1 << 16)
         warm = _env_int("FORKPOINT_WARM_VMS", default.warm_vms, 0, 64)
-        limits = cls(reserve, count, warm)
+        standbys = _env_int("FORKPOINT_ROLLBACK_STANDBYS", default.rollback_standbys, 0, 64)
+        limits = cls(reserve, count, warm, standbys)
         limits.reserve_bytes(1)  # fail now, not in the middle of an operation
         return limits
 

@@ -30,6 +30,7 @@ TARGETS: dict[str, float] = {
     "create": 30,
     "create_warm": 30,
     "rollback": 50,
+    "rollback_standby": 50,
     "pause_1gib": 100,
     "idle_cpu_pct": 1.0,
 }
@@ -45,6 +46,7 @@ PREVIOUS: dict[str, str] = {
     "create": "78 ms",
     "create_warm": "78 ms (no warm VMs)",
     "rollback": "105 ms",
+    "rollback_standby": "91 ms (no standby: the last full run's rollback)",
     "pause_1gib": "≈ 530 ms (whole checkpoint)",
     "idle_cpu_pct": "≈ 6 % (2.7 % measured alone)",
 }
@@ -55,6 +57,7 @@ PEERS: dict[str, str] = {
     "create": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
     "create_warm": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
     "rollback": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
+    "rollback_standby": "CubeSandbox local resume 154 ms (XFS, 2 GiB VM)",
     "pause_1gib": "CubeSandbox pause 106 ms (XFS)",
 }
 
@@ -151,6 +154,12 @@ def fanout_rows(result: Mapping[str, Any]) -> list[list[str]]:
     row("create", "create", p50(ops.get("create")), "ms")
     row("create_warm", "create from a warm VM", p50(fanout.get("create_warm")), "ms")
     row("rollback", "rollback", p50(ops.get("rollback")), "ms")
+    row(
+        "rollback_standby",
+        "rollback with a standby QEMU",
+        p50(fanout.get("rollback_standby")),
+        "ms",
+    )
     gib = next((r for r in result.get("scaling", []) if r["in_use_mib"] >= 1024), None)
     if gib and gib.get("pause_p50_ms") is not None:
         row("pause_1gib", "checkpoint pause, 1 GiB written", gib["pause_p50_ms"], "ms")

@@ -220,6 +220,11 @@ class Suite:
         ops["rollback"], ready["rollback"] = await self._repeat(
             "rollback", plan.reps, lambda: self._rollback_once(server.id, checkpoint.id, url)
         )
+        fanout["rollback_standby"], _ = await self._repeat(
+            "rollback (standby QEMU)",
+            plan.reps,
+            lambda: self._rollback_once(server.id, checkpoint.id, url, standby=True),
+        )
         cli = await self._cli_overhead(server.id)
         e2b = await measure_e2b(self.runtime, plan.reps, self.log)
         history = (
@@ -326,9 +331,12 @@ class Suite:
         return ms, ready_ms
 
     async def _rollback_once(
-        self, session_id: str, checkpoint_id: str, url: str
+        self, session_id: str, checkpoint_id: str, url: str, *, standby: bool = False
     ) -> tuple[float, float]:
-        """Ready: the restored web server answered HTTP."""
+        """Ready: the restored web server answered HTTP. ``standby``: its QEMU started
+        ahead (not timed; see runtime/standby.py)."""
+        if standby and not await self.runtime.prepare_rollback(session_id, checkpoint_id, limit=1):
+            raise InternalError("no rollback standby started")
         started = time.perf_counter()
         ms, _ = await _timed(self.runtime.rollback(session_id, checkpoint_id))
         await self._wait_http(url, _SERVING_TIMEOUT_S)

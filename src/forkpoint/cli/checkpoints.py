@@ -24,6 +24,7 @@ from forkpoint.cli._run import (
     spinner,
 )
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
+from forkpoint.cli.warm import prepare_rollback_after
 from forkpoint.errors import ForkpointError, InvalidInput
 
 if TYPE_CHECKING:
@@ -123,13 +124,14 @@ def checkpoint_command(
         checkpoint = run(op)
     if as_json:
         emit_json(checkpoint)
-        return
-    console.print(
-        f"[bold green]checkpoint[/] {describe_checkpoint(checkpoint)} of "
-        f"[cyan]{checkpoint.session_id}[/] in {format_ms(checkpoint.duration_ms)} "
-        f"[dim](paused {format_ms(checkpoint.pause_ms)}, {format_bytes(checkpoint.size_bytes)})[/]",
-        highlight=False,
-    )
+    else:
+        console.print(
+            f"[bold green]checkpoint[/] {describe_checkpoint(checkpoint)} of "
+            f"[cyan]{checkpoint.session_id}[/] in {format_ms(checkpoint.duration_ms)} [dim]"
+            f"(paused {format_ms(checkpoint.pause_ms)}, {format_bytes(checkpoint.size_bytes)})[/]",
+            highlight=False,
+        )
+    prepare_rollback_after(checkpoint.session_id)
 
 
 _TRANSFERS = ("export", "import", "push", "pull")
@@ -416,9 +418,10 @@ def rollback_command(
         result = run(op)
     if as_json:
         emit_json(result)
-        return
-    print_session(
-        result,
-        f"[bold green]rolled back[/] [cyan]{result.id}[/] to "
-        f"[cyan]{result.parent_checkpoint}[/] in {format_ms(timer.ms)}",
-    )
+    else:
+        print_session(
+            result,
+            f"[bold green]rolled back[/] [cyan]{result.id}[/] to "
+            f"[cyan]{result.parent_checkpoint}[/] in {format_ms(timer.ms)}",
+        )
+    prepare_rollback_after(result.id)

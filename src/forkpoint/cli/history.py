@@ -16,6 +16,7 @@ from rich.table import Table
 
 from forkpoint.cli._run import Timer, format_ms, print_table, run, short_time, spinner
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
+from forkpoint.cli.warm import prepare_rollback_after
 
 if TYPE_CHECKING:
     from forkpoint.models import HistoryStep, Session, StateDiff
@@ -93,11 +94,13 @@ def undo_command(
         result = run(op)
     if as_json:
         emit_json(result)
-        return
-    console.print(
-        f"[bold green]undid[/] {steps} step{'s' if steps != 1 else ''} of [cyan]{result.id}[/]: "
-        f"back at [cyan]{result.parent_checkpoint}[/] in {format_ms(timer.ms)}"
-    )
+    else:
+        console.print(
+            f"[bold green]undid[/] {steps} step{'s' if steps != 1 else ''} of "
+            f"[cyan]{result.id}[/]: back at [cyan]{result.parent_checkpoint}[/] "
+            f"in {format_ms(timer.ms)}"
+        )
+    prepare_rollback_after(result.id)
 
 
 def _is_image_pair(a: str, b: str | None) -> bool:

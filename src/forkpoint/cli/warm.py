@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -14,9 +15,10 @@ from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, r
 from forkpoint.errors import ForkpointError, InvalidInput
 
 if TYPE_CHECKING:
+    from forkpoint.config import HostLimits
     from forkpoint.runtime import Runtime
 
-__all__ = ["refill_after_create", "register"]
+__all__ = ["prepare_rollback_after", "refill_after_create", "register"]
 
 
 def register(app: typer.Typer) -> None:
@@ -87,22 +89,44 @@ def warm_command(
 def refill_after_create(image: str, memory: int, cpus: int, network: str, ports: list[int]) -> None:
     """After a create has printed its result: top the warm VMs up again (when
     FORKPOINT_WARM_VMS asks for some). A failure is reported, the create stands."""
+    _after_result(
+        lambda limits: limits.warm_vms,
+        lambda rt: rt.fill_warm(
+            image=image, memory_mib=memory, cpus=cpus, network=network, ports=ports
+        ),
+        "warm VMs not refilled",
+    )
+
+
+def prepare_rollback_after(session: str) -> None:
+    """After a checkpoint or rollback has printed its result: start the session's rollback
+    standby (when FORKPOINT_ROLLBACK_STANDBYS asks for them; see runtime/standby.py)."""
+    _after_result(
+        lambda limits: limits.rollback_standbys,
+        lambda rt: rt.prepare_rollback(session),
+        "rollback standby not started",
+    )
+
+
+def _after_result(
+    wanted: Callable[[HostLimits], int],
+    work: Callable[[Runtime], Awaitable[object]],
+    failed: str,
+) -> None:
+    """Start VMs ahead once the command's result is out, if ``wanted`` of the host's
+    limits asks for any. A failure is reported on stderr; the command stands."""
     from forkpoint.runtime.capacity import host_limits
 
     try:
-        if host_limits().warm_vms == 0:
+        if wanted(host_limits()) == 0:
             return
     except InvalidInput:
-        return  # the create reported it already
-    sys.stdout.flush()  # the result is out before the refill starts
+        return  # the command reported it already
+    sys.stdout.flush()  # the result is out before the VMs start
     try:
-        run(
-            lambda rt: rt.fill_warm(
-                image=image, memory_mib=memory, cpus=cpus, network=network, ports=ports
-            )
-        )
+        run(work)
     except ForkpointError as error:
-        err_console.print(f"forkpoint: warm VMs not refilled: {escape(error.message)}")
+        err_console.print(f"forkpoint: {failed}: {escape(error.message)}")
 
 
 def _rows(runtime: Runtime) -> list[dict[str, Any]]:

@@ -17,8 +17,8 @@ from forkpoint.models import Network
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.disk import blank_overlay_of
-from forkpoint.vm.net import passt_log, remove_passt_log, stop_passt
-from forkpoint.vm.process import kill_and_wait, pids_with_arg
+from forkpoint.vm.net import passt_log, remove_passt_log
+from forkpoint.vm.process import Dying, kill, pids_with_arg
 
 from .orphans import sweep_orphans
 
@@ -48,21 +48,44 @@ def destroy_session(home: Home, store: Store, files: VmFiles, record: SessionRec
     collect_layers(home, store)
 
 
-def kill_session_processes(files: VmFiles, record: SessionRecord) -> None:
+def kill_session_processes(
+    files: VmFiles, record: SessionRecord, spare: str | None = None, *, wait_vm: bool = True
+) -> Dying:
     """Kill the session's QEMU and passt: those recorded, and those never recorded (a
-    forkpoint process killed while restoring the VM), found by their command lines."""
-    kill_vm_processes(files, record.qemu_pid, record.aux_pids)
+    forkpoint process killed while restoring the VM), found by their command lines; also
+    its rollback standbys but ``spare`` (a standby's tag, see :mod:`.standby`). See
+    :func:`kill_vm_processes` for ``wait_vm``."""
+    return kill_vm_processes(files, record.qemu_pid, record.aux_pids, spare, wait_vm=wait_vm)
 
 
-def kill_vm_processes(files: VmFiles, qemu_pid: int | None, aux_pids: Sequence[int] = ()) -> None:
+def kill_vm_processes(
+    files: VmFiles,
+    qemu_pid: int | None,
+    aux_pids: Sequence[int] = (),
+    spare: str | None = None,
+    *,
+    wait_vm: bool = True,
+) -> Dying:
     """Kill a VM's QEMU and passt: ``qemu_pid``, ``aux_pids`` and any other process whose
-    command line names the VM (see :func:`kill_session_processes`)."""
-    kill_and_wait(qemu_pid, files.name)
-    for pid in aux_pids:
-        stop_passt(files, pid)
+    command line names the VM or one of its standbys but ``spare`` (see
+    :func:`kill_session_processes`), all at once. Returns once all are gone, but with
+    ``wait_vm=False`` the QEMU ``qemu_pid`` may still be exiting (killed: its guest never
+    runs again; freeing its memory takes milliseconds): wait for the result then."""
+    vm = kill([(qemu_pid, files.name)])
+    helpers = kill((pid, files.name) for pid in aux_pids)  # exiting while the sweep looks
     ours = {files.name, str(passt_log(files))}
-    for pid, arg in pids_with_arg(ours.__contains__):
-        kill_and_wait(pid, arg)
+    standbys = f"{files.name}."  # VmFiles.standby: a QEMU that replaced it is named so
+    kept = files.standby(spare).name if spare else None
+
+    def named(arg: str) -> bool:
+        return arg in ours or (arg.startswith(standbys) and arg != kept)
+
+    recorded = {qemu_pid, *aux_pids}
+    kill((pid, arg) for pid, arg in pids_with_arg(named) if pid not in recorded).wait()
+    helpers.wait()
+    if wait_vm:
+        vm.wait()
+    return vm
 
 
 def remove_session_files(files: VmFiles) -> None:

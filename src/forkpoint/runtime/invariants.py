@@ -11,7 +11,8 @@ runtime does (``orphans``, ``integrity``), and stays type-checked with them.
 - every session is ``running`` (its QEMU alive, and passt if it has a network) or
   honestly ``crashed``/``stopped`` with a checkpoint to roll back to; none is left
   ``creating`` with nobody creating it;
-- no QEMU or passt of this home that no running session (or warm VM row) owns;
+- no QEMU or passt of this home that no running session (or warm VM or standby row)
+  owns;
 - (the caller's ledger) nothing a completed operation reported is gone.
 
 Restoring every checkpoint and looking at its marker needs VMs: :func:`check_restores`.
@@ -28,6 +29,7 @@ from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError
 from forkpoint.models import Network, SessionState
 from forkpoint.store import Store, session_lock
+from forkpoint.store.standby import StandbyStore
 from forkpoint.store.warm import WarmStore
 from forkpoint.vm.process import is_running, pids_with_arg
 
@@ -111,6 +113,10 @@ def check_home(home: Home, store: Store, ledger: Ledger | None = None) -> list[s
         problems.append(f"{path.relative_to(home.root)} has no record")
     for warm in WarmStore(store).all():  # paused, waiting for a create: owned by its row
         running[warm.id] = warm.pids
+    for standby in StandbyStore(store).all():  # paused, waiting for a rollback: its row's
+        running.setdefault(standby.session_id, set()).update(
+            {standby.qemu_pid} if standby.qemu_pid else set()
+        )
     seen = {s.id for s in sessions} | set(running) | (ledger.seen if ledger else set())
     for pid, session_id in home_processes(home, seen):
         if pid not in running.get(session_id, set()):

@@ -20,6 +20,7 @@ from forkpoint.errors import QemuError
 from forkpoint.images import Image
 from forkpoint.models import JAIL_UID_BASE, Network
 from forkpoint.store import SessionRecord
+from forkpoint.store.standby import StandbyRecord
 from forkpoint.store.warm import WarmRecord
 from forkpoint.vm import (
     BootFiles,
@@ -164,6 +165,7 @@ async def start_restored(
     loaded: Callable[[], Awaitable[None]] | None = None,
     *,
     warm: WarmRecord | None = None,
+    standby: StandbyRecord | None = None,
 ) -> Started:
     """Restore ``spec.checkpoint`` as a running VM with the identity ``spec`` gives it.
 
@@ -174,27 +176,32 @@ async def start_restored(
     sure it has (see :func:`~forkpoint.agent_client.post_identity`).
     ``loaded`` is awaited between loading the VM and letting it run. ``warm``: a VM
     already started and loaded for this session, on its own layer (see :mod:`.warm`).
+    ``standby``: a QEMU already started for this restore, on its own layer, waiting for
+    the state (see :mod:`.standby`); the VM it replaces must be gone.
     """
     files = spec.files
     files.ensure()
     network = spec.network == Network.USER
     machine: Machine | None = None
-    layer = warm.disk_layer if warm else new_layer_name()
+    ahead = warm or standby
+    layer = ahead.disk_layer if ahead else new_layer_name()
     filtering: asyncio.Future[None] | None = None
     passt_pid = None
     passt_placed: asyncio.Future[None] | None = None
     try:
         if warm is not None:
             machine = await _adopt_warm(home, files, warm)
-            if machine is None:  # it died since it was taken: restored cold in its place
-                warm, layer = None, new_layer_name()
+        elif standby is not None:
+            machine = await _adopt_standby(home, files, standby)
+        if ahead is not None and machine is None:  # it died: restored cold in its place
+            warm, standby, ahead, layer = None, None, None, new_layer_name()
         # The session's cgroup (made once, reused by rollbacks and warm VMs; named by the
         # session id, its directory's name) is prepared while the new disk layer is copied.
         _, cgroup = await asyncio.gather(
             asyncio.to_thread(
                 overlay_from_blank, home.layers / spec.checkpoint_layer, home.layers / layer
             )
-            if warm is None
+            if ahead is None
             else asyncio.sleep(0),
             asyncio.to_thread(prepare_cgroup, home, files.dir.name, spec.shape),
         )
@@ -203,18 +210,20 @@ async def start_restored(
         # Installed while QEMU starts; the guest runs only once it is (no unfiltered packet
         # ever leaves: until then the VM is paused). A warm VM's uid got the default
         # policy's rules when it started (see .warm): installing them again would put
-        # `nft`'s 20 ms on the path the warm VM exists to shorten.
-        if network and not (warm is not None and spec.egress == EgressPolicy()):
+        # `nft`'s 20 ms on the path the warm VM exists to shorten. A standby's start
+        # installed the session's own.
+        if network and standby is None and not (warm and spec.egress == EgressPolicy()):
             filtering = asyncio.ensure_future(
                 asyncio.to_thread(install_filter, spec.jail, spec.egress)
             )
-        if warm is None:
+        if machine is None:
             machine = await Machine.launch(
                 qemu_build(), spec.shape, spec.boot, files, home.layers / layer,
                 jail=spec.jail, ram=spec.checkpoint.ram, network=network, incoming=True,
                 cgroup=cgroup,
             )  # fmt: skip
             faults.point("restore.qemu-started")
+        if warm is None:
             if network:  # connected before the VM runs; learns the MAC from QEMU's announcement
 
                 async def connect() -> None:
@@ -268,4 +277,17 @@ async def _adopt_warm(home: Home, files: VmFiles, warm: WarmRecord) -> Machine |
             return await Machine.adopt(files, warm.qemu_pid, build=qemu_build())
     await asyncio.to_thread(kill_vm_processes, files, warm.qemu_pid, warm.aux_pids)
     (home.layers / warm.disk_layer).unlink(missing_ok=True)
+    return None
+
+
+async def _adopt_standby(home: Home, files: VmFiles, standby: StandbyRecord) -> Machine | None:
+    """The standby's QEMU, its sockets moved into the session's places; None if it died
+    since it was taken (then nothing of it is left)."""
+    assert standby.qemu_pid is not None  # Standbys.take hands out started ones only
+    own = files.standby(standby.tag)
+    await asyncio.to_thread(own.move_into, files)
+    with contextlib.suppress(QemuError):
+        return await Machine.adopt(files, standby.qemu_pid, build=qemu_build())
+    await asyncio.to_thread(kill_vm_processes, files, standby.qemu_pid)
+    (home.layers / standby.disk_layer).unlink(missing_ok=True)
     return None

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from forkpoint.config import Home
 from forkpoint.store import Store
+from forkpoint.store.standby import StandbyStore
 from forkpoint.store.warm import WarmStore
 
 __all__ = ["GRACE_ENV", "open_paths", "orphan_files", "sweep_orphans"]
@@ -49,7 +50,8 @@ def orphan_files(home: Home, store: Store) -> list[Path]:
     """Layer files, checkpoint directories and session directories no record names,
     whatever their age (the invariant checker's view; :func:`sweep_orphans` filters)."""
     warm = WarmStore(store).all()  # a warm VM's directory and layer: a session's to be
-    layers = store.layer_names() | {w.disk_layer for w in warm}
+    standbys = {s.disk_layer for s in StandbyStore(store).all()}  # a rollback's to be
+    layers = store.layer_names() | {w.disk_layer for w in warm} | standbys
     checkpoints = {r.id for r in store.list_checkpoints()}
     sessions = {r.id for r in store.list_sessions()} | {w.id for w in warm}
     found: list[Path] = []

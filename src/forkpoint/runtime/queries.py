@@ -55,9 +55,13 @@ class Queries:
                     return self._refresh(self.store.get_session(record.id), locked=True)
             except Conflict:
                 return record  # an operation is under way: it decides
-        from .cleanup import kill_session_processes  # rare: not loaded for every query
+        from forkpoint.store.standby import StandbyStore  # rare: not loaded for every query
 
-        kill_session_processes(files, record)  # its passt has nothing left to serve
+        from .cleanup import kill_session_processes
+
+        standby = StandbyStore(self.store).get(record.id)  # kept for the rollback to come
+        # Its passt has nothing left to serve.
+        kill_session_processes(files, record, standby.tag if standby else None)
         return self.store.update_session(record.id, state=SessionState.CRASHED, qemu_pid=None)
 
     def _restart_network(self, record: SessionRecord, *, locked: bool) -> SessionRecord:

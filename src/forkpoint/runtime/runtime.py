@@ -17,10 +17,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from forkpoint import faults
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
@@ -94,6 +95,7 @@ from .machines import (
 from .manifest import CheckpointFiles, Manifest
 from .ports import HostPorts
 from .queries import Queries
+from .standby import Standbys, standby_key
 from .templates import Templates
 from .upkeep import expires_after
 from .warm import WarmPool, WarmTarget
@@ -109,6 +111,17 @@ _AGENT_LOCK_TIMEOUT_S = 600.0  # another process's connection may serve a long e
 # A lost agent connection waits this long for an operation on the session (rollback, rm)
 # to finish, to tell the caller what happened.
 _LOST_AGENT_WAIT_S = 30.0
+
+
+_log = logging.getLogger(__name__)
+
+
+async def _quietly(work: Awaitable[object]) -> None:
+    """Background work (a standby) whose failure is logged: the operation it follows stands."""
+    try:
+        await work
+    except ForkpointError as error:
+        _log.warning("forkpoint: %s", error.message)
 
 
 def _quiet(_: str) -> None:
@@ -131,7 +144,8 @@ class Runtime(Queries):
         #: A long-lived process (the server) refills warm VMs in the background after a
         #: create; a CLI process refills once it has printed its result (``fill_warm``).
         self.refill_in_background = False
-        self._refills: set[asyncio.Task[int]] = set()
+        self._refills: set[asyncio.Task[object]] = set()
+        self.standbys = Standbys(self.home, store)
         self._agents = AgentPool(
             lambda session_id: global_lock_async(
                 self.home, f"agent-{session_id}", timeout_s=_AGENT_LOCK_TIMEOUT_S
@@ -192,7 +206,9 @@ class Runtime(Queries):
         layer has no referrer until the template checkpoint exists). Empty cgroups of
         sessions that are gone are removed too.
         """
-        self.warm.drain_stale({c.id for c in self.store.list_checkpoints()})
+        checkpoints = {c.id for c in self.store.list_checkpoints()}
+        self.warm.drain_stale(checkpoints)
+        self.standbys.drain(checkpoints)
         warm = {w.id for w in self.warm.rows.all()}
         sweep_cgroups({r.id for r in self.store.list_sessions()} | warm)
         return collect_layers(self.home, self.store)
@@ -256,9 +272,7 @@ class Runtime(Queries):
             warm=warm,
         )  # fmt: skip
         if warm_size and self.refill_in_background:
-            task = asyncio.get_running_loop().create_task(self.warm.fill(target, warm_size))
-            self._refills.add(task)
-            task.add_done_callback(self._refills.discard)
+            self._in_background(self.warm.fill(target, warm_size))
         if request.history:
             from forkpoint.store.history import HistoryStore
 
@@ -299,6 +313,11 @@ class Runtime(Queries):
             template = await self._templates.get(img, shape)
             target = WarmTarget(template, img, shape, request.network, request.ports)
         return await self.warm.fill(target, size) if size > 0 else 0
+
+    def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
 
     def _require_room(self, sessions: int) -> None:
         """Refuse to start ``sessions`` more when the disk reserve or the session count
@@ -485,6 +504,7 @@ class Runtime(Queries):
         await asyncio.to_thread(self._destroy_now, record)
 
     def _destroy_now(self, record: SessionRecord) -> None:
+        self.standbys.drop(record.id)
         destroy_session(self.home, self.store, self.files(record.id), record)
 
     async def stop(self, session: str) -> Session:
@@ -527,7 +547,8 @@ class Runtime(Queries):
                 )
             finally:
                 await machine.close()
-            return await asyncio.to_thread(self.checkpoint_of, created)
+        self._standby_in_background(record.id)
+        return await asyncio.to_thread(self.checkpoint_of, created)
 
     async def _sync_disk_layer(self, machine: Machine, record: SessionRecord) -> str:
         """The layer the VM really writes to. A forkpoint process killed between QEMU's
@@ -756,31 +777,42 @@ class Runtime(Queries):
             )
             await asyncio.to_thread(self._manifest, target.id, shape)
             files = self.files(record.id)
-            await asyncio.to_thread(kill_session_processes, files, record)
-            faults.point("rollback.old-vm-killed")
-            # Its ports, unless another program took one while it was down (host restart).
-            if await asyncio.to_thread(self._ports.keep_or_move, record.id):
-                record = await asyncio.to_thread(self.store.get_session, record.id)
-            generation = record.generation + 1
-            spec = RestoreSpec(
-                files=files, checkpoint=self.checkpoint_files(target.id),
-                checkpoint_layer=target.disk_layer, shape=shape, boot=boot_files(image, shape),
-                network=record.network,
-                forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
-                hostname=guest_hostname(record.name, record.id),
-                token=identity_token(record.id, generation),
-                jail=jail_of(record), egress=policy_of(record),
+            standby = await asyncio.to_thread(
+                self.standbys.take, record.id, target.id, standby_key(shape, record.network)
+            )  # started ahead: see .standby
+            # With a standby, the old QEMU's exit (freeing its memory) overlaps the load;
+            # a QEMU started here instead must wait for it (they would share a pidfile).
+            old_vm = await asyncio.to_thread(
+                kill_session_processes, files, record, standby.tag if standby else None,
+                wait_vm=standby is None,
             )  # fmt: skip
             try:
-                started = await start_restored(self.home, spec)
-            except ForkpointError:
-                await asyncio.to_thread(
-                    self.store.update_session,
-                    record.id,
-                    state=SessionState.CRASHED,
-                    qemu_pid=None,
-                )
-                raise
+                faults.point("rollback.old-vm-killed")
+                # Its ports, unless another program took one while it was down (host restart).
+                if await asyncio.to_thread(self._ports.keep_or_move, record.id):
+                    record = await asyncio.to_thread(self.store.get_session, record.id)
+                generation = record.generation + 1
+                spec = RestoreSpec(
+                    files=files, checkpoint=self.checkpoint_files(target.id),
+                    checkpoint_layer=target.disk_layer, shape=shape, boot=boot_files(image, shape),
+                    network=record.network,
+                    forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
+                    hostname=guest_hostname(record.name, record.id),
+                    token=identity_token(record.id, generation),
+                    jail=jail_of(record), egress=policy_of(record),
+                )  # fmt: skip
+                try:
+                    started = await start_restored(self.home, spec, standby=standby)
+                except ForkpointError:
+                    await asyncio.to_thread(
+                        self.store.update_session,
+                        record.id,
+                        state=SessionState.CRASHED,
+                        qemu_pid=None,
+                    )
+                    raise
+            finally:
+                await asyncio.to_thread(old_vm.wait)  # gone: it has exited by now
             record = await asyncio.to_thread(
                 self._record_running, record.id, started, target.disk_layer,
                 generation=generation, parent_checkpoint=target.id,
@@ -795,8 +827,37 @@ class Runtime(Queries):
                 await started.machine.close()
         if grew:
             await grow_filesystem(self, record.id)
-        await asyncio.to_thread(self.gc)
+        # The layers it ran on (no checkpoint or session went: nothing else to collect).
+        await asyncio.to_thread(collect_layers, self.home, self.store)
+        self._standby_in_background(record.id)
         return await asyncio.to_thread(self.session_of, record)
+
+    async def prepare_rollback(
+        self, session: str, checkpoint: str | None = None, *, limit: int | None = None
+    ) -> bool:
+        """Start a standby QEMU for the session's next rollback (to ``checkpoint``, default
+        its default target), so that rollback starts no QEMU, if at most ``limit`` sessions
+        (default ``FORKPOINT_ROLLBACK_STANDBYS``) then keep one; True if one started. See
+        :mod:`.standby`. :raises NotFound: :raises Conflict: as :meth:`rollback`."""
+        limit = host_limits().rollback_standbys if limit is None else limit
+        record = await asyncio.to_thread(self.store.get_session, session)
+        if limit == 0 and await asyncio.to_thread(self.standbys.rows.get, record.id) is None:
+            return False
+        async with session_lock_async(self.home, record.id):
+            record = await asyncio.to_thread(self.store.get_session, record.id)
+            if record.state != SessionState.RUNNING:
+                return False
+            target = await asyncio.to_thread(rollback_target, self.store, record, checkpoint)
+            image, shape = await asyncio.to_thread(
+                self._machine, target.image_hash, record.memory_mib, record.cpus
+            )
+            await asyncio.to_thread(self._manifest, target.id, shape)
+            return await self.standbys.prepare(record, target, image, shape, limit)
+
+    def _standby_in_background(self, session_id: str) -> None:
+        """A server prepares the next rollback once a checkpoint or rollback is done."""
+        if self.refill_in_background and host_limits().rollback_standbys:
+            self._in_background(_quietly(self.prepare_rollback(session_id)))
 
     # -- diff --------------------------------------------------------------------------
 

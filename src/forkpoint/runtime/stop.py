@@ -26,6 +26,7 @@ async def stop_session(runtime: Runtime, session: str) -> Session:
     record = runtime.store.get_session(session)
     async with session_lock_async(runtime.home, record.id):
         record = runtime.store.get_session(record.id)
+        await asyncio.to_thread(runtime.standbys.drop, record.id)  # a stopped VM holds nothing
         await asyncio.to_thread(kill_session_processes, runtime.files(record.id), record)
         record = runtime.store.update_session(
             record.id, state=SessionState.STOPPED, qemu_pid=None, aux_pids=[]

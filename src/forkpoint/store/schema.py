@@ -171,6 +171,25 @@ def _v7_warm_loaded(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v8_standbys(conn: sqlite3.Connection) -> None:
+    """A session's rollback standby (``runtime/standby.py``): a QEMU started ahead, paused
+    before any state, that a rollback of ``session_id`` to ``checkpoint_id`` on the machine
+    ``key`` loads instead of starting one. ``tag`` names its process and sockets beside the
+    session's; ``qemu_pid`` is None until it started."""
+    _run(
+        conn,
+        """CREATE TABLE standbys (
+            session_id TEXT PRIMARY KEY REFERENCES sessions(id) ON DELETE CASCADE,
+            checkpoint_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            tag TEXT NOT NULL,
+            disk_layer TEXT NOT NULL,
+            qemu_pid INTEGER,
+            created_at TEXT NOT NULL
+        )""",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -179,6 +198,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v5_history,
     _v6_warm,
     _v7_warm_loaded,
+    _v8_standbys,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

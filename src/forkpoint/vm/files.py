@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ class VmFiles:
 
     dir: Path
     name: str  # unique, also written into QEMU's argv to recognise the process
+    tag: str = ""  # a standby's (see :meth:`standby`); "" for the VM's own files
 
     @property
     def sock_dir(self) -> Path:
@@ -31,15 +33,19 @@ class VmFiles:
 
     @property
     def qmp_socket(self) -> Path:
-        return self.sock_dir / "qmp.sock"
+        return self.sock_dir / f"qmp{self._suffix}.sock"
 
     @property
     def agent_socket(self) -> Path:
-        return self.sock_dir / "agent.sock"
+        return self.sock_dir / f"agent{self._suffix}.sock"
 
     @property
     def net_socket(self) -> Path:
-        return self.sock_dir / "net.sock"
+        return self.sock_dir / f"net{self._suffix}.sock"
+
+    @property
+    def _suffix(self) -> str:
+        return f".{self.tag}" if self.tag else ""
 
     @property
     def qemu_log(self) -> Path:
@@ -51,7 +57,7 @@ class VmFiles:
 
     @property
     def pidfile(self) -> Path:
-        return self.dir / "qemu.pid"
+        return self.dir / f"qemu{self._suffix}.pid"  # QEMU locks it: one per process
 
     @property
     def boot_ram(self) -> Path:
@@ -62,6 +68,31 @@ class VmFiles:
     def empty_root(self) -> Path:
         """The empty, read-only directory a jailed QEMU is chrooted into (see :mod:`.jail`)."""
         return self.dir / "root"
+
+    def standby(self, tag: str) -> VmFiles:
+        """The files of a second QEMU for the same VM, started ahead to replace it (see
+        ``runtime/standby.py``): its own ``-name`` (``name.tag``: not the VM's, so killing
+        the VM by name spares it) and its own sockets and pidfile beside the VM's. Logs
+        and the chroot are shared. ``tag``: at most 5 characters (socket path length)."""
+        assert 0 < len(tag) <= 5 and not self.tag
+        return VmFiles(self.dir, f"{self.name}.{tag}", tag)
+
+    def move_into(self, own: VmFiles) -> None:
+        """Make a standby's sockets and pidfile the VM's own (renamed over the files of
+        the VM it replaces, which must be gone): a bound socket follows its path."""
+        for mine, theirs in (
+            (self.qmp_socket, own.qmp_socket),
+            (self.agent_socket, own.agent_socket),
+            (self.net_socket, own.net_socket),
+            (self.pidfile, own.pidfile),
+        ):
+            with contextlib.suppress(FileNotFoundError):  # no network: no net socket
+                mine.rename(theirs)
+
+    def remove_own(self) -> None:
+        """Delete the sockets and pidfile of these files (a standby's, once it is gone)."""
+        for path in (self.qmp_socket, self.agent_socket, self.net_socket, self.pidfile):
+            path.unlink(missing_ok=True)
 
     def ensure(self) -> VmFiles:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,19 @@ import contextlib
 import os
 import select
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["exit_status", "is_running", "kill_and_wait", "pids_with_arg", "spawn_detached"]
+__all__ = [
+    "Dying",
+    "exit_status",
+    "is_running",
+    "kill",
+    "kill_and_wait",
+    "pids_with_arg",
+    "spawn_detached",
+]
 
 # Children we spawned and have not reaped yet, and the wait statuses of those we have.
 _children: set[int] = set()
@@ -84,21 +93,45 @@ def is_running(pid: int | None, marker: str) -> bool:
 
 def kill_and_wait(pid: int | None, marker: str, timeout_s: float = 10.0) -> None:
     """SIGKILL the process if it is ours and wait until it is gone (reaped if our child)."""
-    if not is_running(pid, marker):
-        return
-    assert pid is not None
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
+    kill([(pid, marker)]).wait(timeout_s)
+
+
+class Dying:
+    """Processes sent SIGKILL and not yet waited for (see :func:`kill`)."""
+
+    def __init__(self, pidfds: dict[int, int]) -> None:
+        self._pidfds = pidfds  # pid → pidfd
+
+    def wait(self, timeout_s: float = 10.0) -> None:
+        """Return once all are gone (reaped if our children), or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            waiting = list(self._pidfds.values())
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                # A pidfd becomes readable when the process exits, child or not.
+                done, _, _ = select.select(waiting, [], [], left)
+                waiting = [fd for fd in waiting if fd not in done]
+        finally:
+            for pid, pidfd in self._pidfds.items():
+                _reap(pid)
+                os.close(pidfd)
+            self._pidfds = {}
+
+
+def kill(targets: Iterable[tuple[int | None, str]]) -> Dying:
+    """SIGKILL each ``(pid, marker)`` that runs and is ours (see :func:`is_running`) at
+    once; :meth:`Dying.wait` waits for them all to be gone."""
+    pidfds: dict[int, int] = {}
+    for pid, marker in targets:
+        if pid is None or pid in pidfds or not is_running(pid, marker):
+            continue
+        try:
+            pidfds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        # A pidfd becomes readable when the process exits, child or not.
-        select.select([pidfd], [], [], timeout_s)
-        _reap(pid)
-    finally:
-        os.close(pidfd)
+    return Dying(pidfds)
 
 
 def pids_with_arg(matches: Callable[[str], bool]) -> list[tuple[int, str]]:

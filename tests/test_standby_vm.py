@@ -1,0 +1,249 @@
+"""Rollback standbys: a QEMU started ahead becomes the rolled-back VM, processes and ports
+and all; a stale, dead or surplus one is never loaded and leaves nothing (real VMs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from forkpoint.runtime import Runtime
+from forkpoint.runtime.invariants import check_home
+from forkpoint.store.standby import StandbyRecord
+from forkpoint.vm.process import is_running, pids_with_arg
+
+pytestmark = pytest.mark.vm
+
+_T = TypeVar("_T")
+FORKPOINT = Path(sys.executable).with_name("forkpoint")
+
+LISTENER = """
+import socket
+s = socket.create_server(("", 8000))
+while True:
+    c, _ = s.accept()
+    c.recv(100)
+    c.sendall(b"from before the rollback")
+    c.close()
+"""
+
+
+def run(coro: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    monkeypatch.setenv("FORKPOINT_ROLLBACK_STANDBYS", "2")
+    runtime = Runtime.open()
+    yield runtime
+    runtime.close()
+
+
+def _standby(rt: Runtime, session_id: str) -> StandbyRecord:
+    record = rt.standbys.rows.get(session_id)
+    assert record is not None and record.qemu_pid is not None, record
+    assert is_running(record.qemu_pid, rt.standbys.files(record).name)
+    return record
+
+
+def _processes_of(rt: Runtime, session_id: str) -> set[int]:
+    """Every QEMU named after the session (its VM and any standby)."""
+    name = rt.files(session_id).name
+    return {pid for pid, _ in pids_with_arg(lambda a: a == name or a.startswith(f"{name}."))}
+
+
+def _read_port(port: int, timeout_s: float = 90.0) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(b"hello\n")
+                if data := conn.recv(100):
+                    return data
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing answered on 127.0.0.1:{port}")
+        time.sleep(0.3)
+
+
+def _new_problems(rt: Runtime, before: list[str]) -> list[str]:
+    return sorted(set(check_home(rt.home, rt.store)) - set(before))
+
+
+def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
+    before = check_home(rt.home, rt.store)
+    session = run(rt.create(ports=[8000]))
+    try:
+        listener = run(rt.spawn(session.id, ["python3", "-c", LISTENER]))
+        port = session.ports[0].host_port
+        assert _read_port(port) == b"from before the rollback"
+
+        async def checkpoint_in_a_server() -> None:  # the server prepares in the background
+            rt.refill_in_background = True
+            try:
+                await rt.checkpoint(session.id)
+                await asyncio.gather(*rt._refills)
+            finally:
+                rt.refill_in_background = False
+
+        run(checkpoint_in_a_server())
+        standby = _standby(rt, session.id)
+        assert _new_problems(rt, before) == []  # owned by its row, its layer recorded
+        run(rt.exec(session.id, ["kill", "-9", str(listener.pid)]))
+        old_qemu = rt.store.get_session(session.id).qemu_pid
+
+        rolled = run(rt.rollback(session.id))
+        record = rt.store.get_session(session.id)
+        assert record.qemu_pid == standby.qemu_pid  # loaded, not started
+        assert record.disk_layer == standby.disk_layer
+        assert rt.standbys.rows.get(session.id) is None  # taken once
+        assert not is_running(old_qemu, rt.files(session.id).name)
+        assert [p.host_port for p in rolled.ports] == [port]  # same ports, a new passt
+        assert _read_port(port) == b"from before the rollback"  # the killed process is back
+        processes = run(rt.ps(session.id))
+        assert any(p.pid == listener.pid for p in processes)  # at the same PID
+        assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
+        assert _new_problems(rt, before) == []
+
+        # Without a standby it starts QEMU, as always; the promoted standby goes.
+        run(rt.rollback(session.id))
+        assert rt.store.get_session(session.id).qemu_pid not in (standby.qemu_pid, None)
+        assert _processes_of(rt, session.id) == {rt.store.get_session(session.id).qemu_pid}
+        assert _read_port(port) == b"from before the rollback"
+    finally:
+        run(rt.remove(session.id))
+    assert _processes_of(rt, session.id) == set()
+    assert _new_problems(rt, before) == []
+
+
+def test_a_standby_for_another_target_or_dead_is_never_loaded(rt: Runtime) -> None:
+    before = check_home(rt.home, rt.store)
+    session = run(rt.create())
+    try:
+        run(rt.write_file(session.id, "/data/marker", b"first"))
+        first = run(rt.checkpoint(session.id))
+        assert run(rt.prepare_rollback(session.id))
+        assert not run(rt.prepare_rollback(session.id))  # it has a live one already
+        stale = _standby(rt, session.id)
+        assert stale.checkpoint_id == first.id
+
+        run(rt.write_file(session.id, "/data/marker", b"second"))
+        second = run(rt.checkpoint(session.id))
+        assert run(rt.prepare_rollback(session.id))  # the target moved: replaced
+        fresh = _standby(rt, session.id)
+        assert fresh.checkpoint_id == second.id and fresh.tag != stale.tag
+        assert not is_running(stale.qemu_pid, rt.standbys.files(stale).name)
+        assert not (rt.home.layers / stale.disk_layer).exists()
+
+        # A rollback elsewhere (the first checkpoint) discards it and starts QEMU.
+        run(rt.rollback(session.id, first.id))
+        assert rt.store.get_session(session.id).qemu_pid != fresh.qemu_pid
+        assert rt.standbys.rows.get(session.id) is None
+        assert run(rt.read_file(session.id, "/data/marker")) == b"first"
+
+        # A standby that died is replaced by a QEMU started in its place.
+        assert run(rt.prepare_rollback(session.id, second.id))
+        dead = _standby(rt, session.id)
+        assert dead.qemu_pid is not None
+        os.kill(dead.qemu_pid, signal.SIGKILL)
+        while is_running(dead.qemu_pid, rt.standbys.files(dead).name):
+            time.sleep(0.01)
+        run(rt.rollback(session.id, second.id))
+        assert run(rt.read_file(session.id, "/data/marker")) == b"second"
+        assert not (rt.home.layers / dead.disk_layer).exists()
+        assert _new_problems(rt, before) == []
+    finally:
+        run(rt.remove(session.id))
+    assert _new_problems(rt, before) == []
+
+
+def test_a_crashed_session_comes_back_on_its_standby(rt: Runtime) -> None:
+    before = check_home(rt.home, rt.store)
+    session = run(rt.create())
+    try:
+        run(rt.checkpoint(session.id))
+        assert run(rt.prepare_rollback(session.id))
+        standby = _standby(rt, session.id)
+        crashed = rt.store.get_session(session.id).qemu_pid
+        assert crashed is not None
+        os.kill(crashed, signal.SIGKILL)
+        while is_running(crashed, rt.files(session.id).name):
+            time.sleep(0.01)
+        assert rt.get(session.id).state == "crashed"  # found crashed: its standby stays
+        assert _standby(rt, session.id) == standby
+        [recovered] = run(rt.recover())
+        assert not isinstance(recovered, Exception), recovered
+        assert rt.store.get_session(session.id).qemu_pid == standby.qemu_pid
+        assert _new_problems(rt, before) == []
+    finally:
+        run(rt.remove(session.id))
+    assert _new_problems(rt, before) == []
+
+
+def test_standbys_are_bounded_and_go_with_their_session_or_checkpoint(rt: Runtime) -> None:
+    before = check_home(rt.home, rt.store)
+    a, b = run(rt.create()), run(rt.create())
+    try:
+        own = run(rt.checkpoint(a.id))
+        run(rt.checkpoint(b.id))
+        assert run(rt.prepare_rollback(a.id, limit=1))
+        first = _standby(rt, a.id)
+        assert run(rt.prepare_rollback(b.id, limit=1))  # the oldest other one makes room
+        assert rt.standbys.rows.get(a.id) is None
+        assert not is_running(first.qemu_pid, rt.standbys.files(first).name)
+        assert run(rt.prepare_rollback(a.id, limit=0)) is False  # none wanted: none made
+        assert rt.standbys.rows.get(a.id) is None
+
+        assert run(rt.prepare_rollback(a.id))
+        mapped = _standby(rt, a.id)
+        run(rt.remove_checkpoint(own.id))  # its RAM file goes: so does the standby
+        assert rt.standbys.rows.get(a.id) is None
+        assert not is_running(mapped.qemu_pid, rt.standbys.files(mapped).name)
+
+        in_b = _standby(rt, b.id)
+        run(rt.stop(b.id))  # a stopped session holds no QEMU
+        assert rt.standbys.rows.get(b.id) is None and _processes_of(rt, b.id) == set()
+        assert not (rt.home.layers / in_b.disk_layer).exists()
+        assert _new_problems(rt, before) == []
+        assert run(rt.prepare_rollback(a.id))
+    finally:
+        run(rt.remove(a.id))
+        run(rt.remove(b.id))
+    assert _processes_of(rt, a.id) == set() and rt.standbys.rows.all() == []
+    assert _new_problems(rt, before) == []
+
+
+def test_the_cli_prepares_after_checkpoint_and_rollback() -> None:
+    env = {**os.environ, "FORKPOINT_ROLLBACK_STANDBYS": "1", "NO_COLOR": "1"}
+
+    def cli(*args: str) -> Any:
+        out = subprocess.run(
+            [str(FORKPOINT), *args, "--json"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout) if out.stdout.strip() else None
+
+    session = cli("create")["id"]
+    runtime = Runtime.open()
+    try:
+        cli("checkpoint", session)
+        standby = _standby(runtime, session)
+        cli("rollback", session)
+        assert runtime.store.get_session(session).qemu_pid == standby.qemu_pid
+        again = _standby(runtime, session)  # and the next one is ready
+        assert again.tag != standby.tag
+    finally:
+        cli("rm", session)
+        runtime.close()
