@@ -771,52 +771,8 @@ class Runtime(Queries):
             record = await asyncio.to_thread(self.store.get_session, record.id)
             if record.state != SessionState.RUNNING:  # a stopped one starts running again
                 await asyncio.to_thread(self._require_count, 1, f"reviving {record.id}")
-            target = await asyncio.to_thread(rollback_target, self.store, record, checkpoint)
-            image, shape = await asyncio.to_thread(
-                self._machine, target.image_hash, record.memory_mib, record.cpus
-            )
-            await asyncio.to_thread(self._manifest, target.id, shape)
-            files = self.files(record.id)
-            standby = await asyncio.to_thread(
-                self.standbys.take, record.id, target.id, standby_key(shape, record.network)
-            )  # started ahead: see .standby
-            # With a standby, the old QEMU's exit (freeing its memory) overlaps the load;
-            # a QEMU started here instead must wait for it (they would share a pidfile).
-            old_vm = await asyncio.to_thread(
-                kill_session_processes, files, record, standby.tag if standby else None,
-                wait_vm=standby is None,
-            )  # fmt: skip
-            try:
-                faults.point("rollback.old-vm-killed")
-                # Its ports, unless another program took one while it was down (host restart).
-                if await asyncio.to_thread(self._ports.keep_or_move, record.id):
-                    record = await asyncio.to_thread(self.store.get_session, record.id)
-                generation = record.generation + 1
-                spec = RestoreSpec(
-                    files=files, checkpoint=self.checkpoint_files(target.id),
-                    checkpoint_layer=target.disk_layer, shape=shape, boot=boot_files(image, shape),
-                    network=record.network,
-                    forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
-                    hostname=guest_hostname(record.name, record.id),
-                    token=identity_token(record.id, generation),
-                    jail=jail_of(record), egress=policy_of(record),
-                )  # fmt: skip
-                try:
-                    started = await start_restored(self.home, spec, standby=standby)
-                except ForkpointError:
-                    await asyncio.to_thread(
-                        self.store.update_session,
-                        record.id,
-                        state=SessionState.CRASHED,
-                        qemu_pid=None,
-                    )
-                    raise
-            finally:
-                await asyncio.to_thread(old_vm.wait)  # gone: it has exited by now
-            record = await asyncio.to_thread(
-                self._record_running, record.id, started, target.disk_layer,
-                generation=generation, parent_checkpoint=target.id,
-            )  # fmt: skip
+            target, image, shape = await asyncio.to_thread(self._rollback_plan, record, checkpoint)
+            record, started = await self._replace_vm(record, target, image, shape)
             faults.point("rollback.recorded")
             # A checkpoint from before the disk grew (the template) brings the old size.
             try:
@@ -831,6 +787,64 @@ class Runtime(Queries):
         await asyncio.to_thread(collect_layers, self.home, self.store)
         self._standby_in_background(record.id)
         return await asyncio.to_thread(self.session_of, record)
+
+    def _rollback_plan(
+        self, record: SessionRecord, checkpoint: str | None
+    ) -> tuple[CheckpointRecord, Image, MachineShape]:
+        """Where a rollback of ``record`` goes and on which machine, checked (blocking)."""
+        target = rollback_target(self.store, record, checkpoint)
+        image, shape = self._machine(target.image_hash, record.memory_mib, record.cpus)
+        self._manifest(target.id, shape)
+        return target, image, shape
+
+    async def _replace_vm(
+        self, record: SessionRecord, target: CheckpointRecord, image: Image, shape: MachineShape
+    ) -> tuple[SessionRecord, Started]:
+        """A rollback's work under the session's lock: its VM replaced by one restored
+        from ``target`` — same id, uid and host ports, the next generation — and recorded.
+        On failure the session is left ``crashed`` (nothing of the new VM lingers)."""
+        files = self.files(record.id)
+        standby = await asyncio.to_thread(
+            self.standbys.take, record.id, target.id, standby_key(shape, record.network)
+        )  # started ahead: see .standby
+        # With a standby, the old QEMU's exit (freeing its memory) overlaps the load;
+        # a QEMU started here instead must wait for it (they would share a pidfile).
+        old_vm = await asyncio.to_thread(
+            kill_session_processes, files, record, standby.tag if standby else None,
+            wait_vm=standby is None,
+        )  # fmt: skip
+        try:
+            faults.point("rollback.old-vm-killed")
+            # Its ports, unless another program took one while it was down (host restart).
+            if await asyncio.to_thread(self._ports.keep_or_move, record.id):
+                record = await asyncio.to_thread(self.store.get_session, record.id)
+            generation = record.generation + 1
+            spec = RestoreSpec(
+                files=files, checkpoint=self.checkpoint_files(target.id),
+                checkpoint_layer=target.disk_layer, shape=shape, boot=boot_files(image, shape),
+                network=record.network,
+                forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
+                hostname=guest_hostname(record.name, record.id),
+                token=identity_token(record.id, generation),
+                jail=jail_of(record), egress=policy_of(record),
+            )  # fmt: skip
+            try:
+                started = await start_restored(self.home, spec, standby=standby)
+            except ForkpointError:
+                await asyncio.to_thread(
+                    self.store.update_session,
+                    record.id,
+                    state=SessionState.CRASHED,
+                    qemu_pid=None,
+                )
+                raise
+        finally:
+            await asyncio.to_thread(old_vm.wait)  # gone: it has exited by now
+        record = await asyncio.to_thread(
+            self._record_running, record.id, started, target.disk_layer,
+            generation=generation, parent_checkpoint=target.id,
+        )  # fmt: skip
+        return record, started
 
     async def prepare_rollback(
         self, session: str, checkpoint: str | None = None, *, limit: int | None = None
@@ -847,11 +861,7 @@ class Runtime(Queries):
             record = await asyncio.to_thread(self.store.get_session, record.id)
             if record.state != SessionState.RUNNING:
                 return False
-            target = await asyncio.to_thread(rollback_target, self.store, record, checkpoint)
-            image, shape = await asyncio.to_thread(
-                self._machine, target.image_hash, record.memory_mib, record.cpus
-            )
-            await asyncio.to_thread(self._manifest, target.id, shape)
+            target, image, shape = await asyncio.to_thread(self._rollback_plan, record, checkpoint)
             return await self.standbys.prepare(record, target, image, shape, limit)
 
     def _standby_in_background(self, session_id: str) -> None:

@@ -79,7 +79,7 @@ class VmFiles:
 
     def move_into(self, own: VmFiles) -> None:
         """Make a standby's sockets and pidfile the VM's own (renamed over the files of
-        the VM it replaces, which must be gone): a bound socket follows its path."""
+        the VM it replaces, which must be killed): a bound socket follows its path."""
         for mine, theirs in (
             (self.qmp_socket, own.qmp_socket),
             (self.agent_socket, own.agent_socket),
