@@ -7,8 +7,9 @@ A forward is served by the session's passt; adding one restarts passt with the n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from forkpoint.config import Home
 from forkpoint.errors import InternalError
@@ -20,7 +21,7 @@ from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
 from .egress import install_filter, policy_of
 from .machines import jail_of
 
-__all__ = ["HostPorts", "free_host_port"]
+__all__ = ["HostPorts", "choosing_ports"]
 
 _ATTEMPTS = 100
 
@@ -44,8 +45,8 @@ class HostPorts:
             return await asyncio.to_thread(self._allocate, session_id, guest_port)
 
     def _allocate(self, session_id: str, guest_port: int) -> int:
-        with global_lock(self.home, "ports"):
-            port = free_host_port(self.store.allocated_host_ports())
+        with choosing_ports(self.home, self.store) as pick:
+            port = pick()
             self.store.add_port(session_id, guest_port, port)
             return port
 
@@ -61,19 +62,17 @@ class HostPorts:
         keep each host port that is still free, move one something else took since to a
         new free port (passt could not bind it, and the session would not start). Returns
         ``{old: new}`` for the ports moved (blocking)."""
-        with global_lock(self.home, "ports"):
+        with choosing_ports(self.home, self.store) as pick:
             record = self.store.get_session(session_id)
             if all(_bindable(p.host_port) for p in record.ports):
                 return {}
             moved: dict[int, int] = {}
-            taken = self.store.allocated_host_ports()
             with self.store.transaction():
                 self.store.remove_ports(record.id)
                 for p in record.ports:
                     host = p.host_port
                     if not _bindable(host):
-                        host = moved[p.host_port] = free_host_port(taken)
-                    taken.add(host)
+                        host = moved[p.host_port] = pick()
                     self.store.add_port(record.id, p.guest_port, host)
             return moved
 
@@ -92,9 +91,31 @@ class HostPorts:
         wait_passt_ready(files, pid)
 
 
-def free_host_port(taken: set[int]) -> int:
-    """A port free on 127.0.0.1 now (the kernel's pick) and not in ``taken``; the caller
-    holds the home's ``ports`` lock and records it before releasing it.
+@contextlib.contextmanager
+def choosing_ports(home: Home, store: Store) -> Iterator[Callable[[], int]]:
+    """The home's ``ports`` lock, held while the block runs, and a picker of host ports
+    free now and allocated to nobody (a session's forward or a warm VM's reservation)
+    nor picked before in the block. Record what it picks before the block ends.
+
+    :raises InternalError: (the picker) no free port found.
+    """
+    with global_lock(home, "ports"):
+        taken: set[int] | None = None  # read on the first pick: most blocks pick none
+
+        def pick() -> int:
+            nonlocal taken
+            if taken is None:
+                taken = store.allocated_host_ports()
+            port = _free_host_port(taken)
+            taken.add(port)
+            return port
+
+        yield pick
+
+
+def _free_host_port(taken: set[int]) -> int:
+    """A port free on 127.0.0.1 now (the kernel's pick) and not in ``taken`` (see
+    :func:`choosing_ports`).
 
     :raises InternalError: none found.
     """

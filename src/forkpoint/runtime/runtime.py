@@ -807,11 +807,10 @@ class Runtime(Queries):
         standby = await asyncio.to_thread(
             self.standbys.take, record.id, target.id, standby_key(shape, record.network)
         )  # started ahead: see .standby
-        # With a standby, the old QEMU's exit (freeing its memory) overlaps the load;
-        # a QEMU started here instead must wait for it (they would share a pidfile).
+        # The old QEMU's exit (freeing its memory) overlaps the new one's start or load.
         old_vm = await asyncio.to_thread(
             kill_session_processes, files, record, standby.tag if standby else None,
-            wait_vm=standby is None,
+            wait_vm=False,
         )  # fmt: skip
         try:
             faults.point("rollback.old-vm-killed")

@@ -31,7 +31,7 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
 from forkpoint.models import Network
-from forkpoint.store import CheckpointRecord, Store, global_lock, utc_now
+from forkpoint.store import CheckpointRecord, Store, utc_now
 from forkpoint.store.warm import WarmRecord, WarmStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
@@ -45,7 +45,7 @@ from .egress import install_filter
 from .limits import prepare_cgroup
 from .machines import boot_files, new_layer_name
 from .manifest import CheckpointFiles
-from .ports import free_host_port
+from .ports import choosing_ports
 
 __all__ = ["WarmPool", "WarmTarget", "vm_files"]
 
@@ -173,14 +173,9 @@ class WarmPool:
     def _reserve(self, target: WarmTarget, layer: str) -> WarmRecord:
         """Its row, with a free host port for each forwarded guest port (no session can
         take them: the store counts them as allocated; see ``HostPorts``)."""
-        forwards: list[tuple[int, int]] = []
-        with global_lock(self.home, "ports"):
-            taken = self.rows.store.allocated_host_ports()
-            for guest in sorted(set(target.guest_ports)):
-                host = free_host_port(taken)
-                taken.add(host)
-                forwards.append((host, guest))
-            return self.rows.reserve(target.template.id, target.key, layer, tuple(forwards))
+        with choosing_ports(self.home, self.rows.store) as pick:
+            forwards = tuple((pick(), guest) for guest in sorted(set(target.guest_ports)))
+            return self.rows.reserve(target.template.id, target.key, layer, forwards)
 
     def _drop_abandoned(self) -> None:
         """Rows a filler reserved but never gave a QEMU (it was killed): they would count

@@ -91,8 +91,10 @@ class Machine:
         :raises QemuError: QEMU exited, or did not come up within the start timeout.
         """
         files.ensure()
-        for sock in (files.qmp_socket, files.agent_socket, files.net_socket):
-            sock.unlink(missing_ok=True)
+        # New files, the pidfile too: QEMU locks it, and the VM this one replaces (a
+        # rollback) may still be exiting, holding the lock on the old one.
+        for path in (files.qmp_socket, files.agent_socket, files.net_socket, files.pidfile):
+            path.unlink(missing_ok=True)
         if ram is None:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
@@ -208,10 +210,6 @@ class Machine:
         """Kill QEMU at once (the session's state lives in checkpoints, not in it)."""
         await self._qmp.close()
         await asyncio.to_thread(kill_and_wait, self.pid, self.files.name)
-
-    async def announce(self) -> None:
-        """Make the NIC announce itself (RARP from the guest's MAC), e.g. to a new passt."""
-        await self._qmp.run("announce-self", initial=0, max=0, rounds=1, step=0)
 
     async def grow_disk(self, size_bytes: int) -> int:
         """Grow the virtual disk to ``size_bytes`` (QEMU truncates the top layer through
