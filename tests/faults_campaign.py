@@ -12,6 +12,7 @@ Report: ``<out>/faults.json`` and ``<out>/faults.md`` (the tables of docs/reliab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -305,7 +306,10 @@ class Campaign:
             if resume_after:
                 time.sleep(resume_after)
                 for pid in qemu if which == "qemu" else passt:
-                    os.kill(pid, signal.SIGCONT)
+                    # Gone meanwhile: the operation killed it (a stopped rollback standby
+                    # it discarded, the VM it replaced).
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
 
         return act
 

@@ -19,6 +19,7 @@ import pytest
 
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.invariants import check_home
+from forkpoint.runtime.orphans import GRACE_ENV
 from forkpoint.store.standby import StandbyRecord
 from forkpoint.vm.process import is_running, pids_with_arg
 
@@ -244,6 +245,49 @@ def test_the_cli_prepares_after_checkpoint_and_rollback() -> None:
         assert runtime.store.get_session(session).qemu_pid == standby.qemu_pid
         again = _standby(runtime, session)  # and the next one is ready
         assert again.tag != standby.tag
+    finally:
+        cli("rm", session)
+        runtime.close()
+
+
+@pytest.mark.parametrize(
+    "crash_at", ["rollback.old-vm-killed", "restore.layer-made", "restore.state-loaded"]
+)
+def test_a_rollback_killed_while_it_loads_its_standby_leaves_nothing_behind(
+    crash_at: str,
+) -> None:
+    """forkpoint SIGKILLed mid-rollback (the standby taken, maybe renamed in, unrecorded):
+    the next rollback finds the session, kills what was left and restores it."""
+    # Orphans (the taken standby's layer) are swept at once, as in the fault campaign.
+    env = {**os.environ, "FORKPOINT_ROLLBACK_STANDBYS": "1", "NO_COLOR": "1", GRACE_ENV: "0"}
+
+    def cli(*args: str, crash: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(FORKPOINT), *args, "--json"], capture_output=True, text=True, timeout=300,
+            env={**env, "FORKPOINT_CRASH_AT": crash} if crash else env,
+        )  # fmt: skip
+
+    runtime = Runtime.open()
+    before = check_home(runtime.home, runtime.store)
+    made = cli("create")
+    assert made.returncode == 0, made.stderr
+    session = json.loads(made.stdout)["id"]
+    try:
+        run(runtime.write_file(session, "/data/m", b"kept\n"))
+        assert cli("checkpoint", session).returncode == 0  # and prepares a standby
+        standby = _standby(runtime, session)
+        assert cli("rollback", session, crash=crash_at).returncode == -signal.SIGKILL
+        assert runtime.standbys.rows.get(session) is None  # it was taken
+        again = cli("rollback", session)
+        assert again.returncode == 0, again.stderr
+        record = runtime.store.get_session(session)
+        assert record.qemu_pid != standby.qemu_pid  # the half-loaded one was not trusted
+        assert _processes_of(runtime, session) == {
+            record.qemu_pid,
+            _standby(runtime, session).qemu_pid,
+        }
+        assert run(runtime.read_file(session, "/data/m")) == b"kept\n"
+        assert _new_problems(runtime, before) == []
     finally:
         cli("rm", session)
         runtime.close()
