@@ -405,7 +405,9 @@ def rollback_command(
     """Reset a session to a checkpoint: same id, same ports, processes restored from memory.
 
     Also revives a crashed session. --dry-run prints what it would undo (files, processes,
-    listening ports; see `forkpoint diff`) and changes nothing.
+    listening ports; see `forkpoint diff`) and changes nothing. With
+    FORKPOINT_ROLLBACK_STANDBYS=N, checkpoint and rollback start the next rollback's QEMU
+    ahead once they printed their result (for the N sessions that did so last).
     """
     if dry_run:
         _rollback_preview(session, checkpoint, patch=patch, as_json=as_json)
