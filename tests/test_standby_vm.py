@@ -7,10 +7,8 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +19,8 @@ from forkpoint.runtime import Runtime
 from forkpoint.runtime.invariants import check_home
 from forkpoint.runtime.orphans import GRACE_ENV
 from forkpoint.store.standby import StandbyRecord
-from forkpoint.vm.process import is_running, pids_with_arg
+from forkpoint.vm.process import is_running, kill_and_wait, pids_with_arg
+from vm_checks import new_problems, read_port
 
 pytestmark = pytest.mark.vm
 
@@ -58,29 +57,25 @@ def _standby(rt: Runtime, session_id: str) -> StandbyRecord:
     return record
 
 
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``forkpoint ARGS --json`` with one rollback standby allowed, and ``env`` set."""
+    return subprocess.run(
+        [str(FORKPOINT), *args, "--json"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FORKPOINT_ROLLBACK_STANDBYS": "1", "NO_COLOR": "1", **env},
+    )  # fmt: skip
+
+
+def _cli_json(*args: str) -> Any:
+    """What ``forkpoint ARGS --json`` printed (it must succeed)."""
+    done = _cli(*args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout) if done.stdout.strip() else None
+
+
 def _processes_of(rt: Runtime, session_id: str) -> set[int]:
     """Every QEMU named after the session (its VM and any standby)."""
     name = rt.files(session_id).name
     return {pid for pid, _ in pids_with_arg(lambda a: a == name or a.startswith(f"{name}."))}
-
-
-def _read_port(port: int, timeout_s: float = 90.0) -> bytes:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-                conn.sendall(b"hello\n")
-                if data := conn.recv(100):
-                    return data
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"nothing answered on 127.0.0.1:{port}")
-        time.sleep(0.3)
-
-
-def _new_problems(rt: Runtime, before: list[str]) -> list[str]:
-    return sorted(set(check_home(rt.home, rt.store)) - set(before))
 
 
 def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
@@ -89,19 +84,19 @@ def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
     try:
         listener = run(rt.spawn(session.id, ["python3", "-c", LISTENER]))
         port = session.ports[0].host_port
-        assert _read_port(port) == b"from before the rollback"
+        assert read_port(port) == b"from before the rollback"
 
         async def checkpoint_in_a_server() -> None:  # the server prepares in the background
             rt.refill_in_background = True
             try:
                 await rt.checkpoint(session.id)
-                await asyncio.gather(*rt._refills)
+                await asyncio.gather(*rt._background)
             finally:
                 rt.refill_in_background = False
 
         run(checkpoint_in_a_server())
         standby = _standby(rt, session.id)
-        assert _new_problems(rt, before) == []  # owned by its row, its layer recorded
+        assert new_problems(rt, before) == []  # owned by its row, its layer recorded
         run(rt.exec(session.id, ["kill", "-9", str(listener.pid)]))
         old_qemu = rt.store.get_session(session.id).qemu_pid
 
@@ -112,21 +107,21 @@ def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
         assert rt.standbys.rows.get(session.id) is None  # taken once
         assert not is_running(old_qemu, rt.files(session.id).name)
         assert [p.host_port for p in rolled.ports] == [port]  # same ports, a new passt
-        assert _read_port(port) == b"from before the rollback"  # the killed process is back
+        assert read_port(port) == b"from before the rollback"  # the killed process is back
         processes = run(rt.ps(session.id))
         assert any(p.pid == listener.pid for p in processes)  # at the same PID
         assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
-        assert _new_problems(rt, before) == []
+        assert new_problems(rt, before) == []
 
         # Without a standby it starts QEMU, as always; the promoted standby goes.
         run(rt.rollback(session.id))
         assert rt.store.get_session(session.id).qemu_pid not in (standby.qemu_pid, None)
         assert _processes_of(rt, session.id) == {rt.store.get_session(session.id).qemu_pid}
-        assert _read_port(port) == b"from before the rollback"
+        assert read_port(port) == b"from before the rollback"
     finally:
         run(rt.remove(session.id))
     assert _processes_of(rt, session.id) == set()
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_a_standby_for_another_target_or_dead_is_never_loaded(rt: Runtime) -> None:
@@ -158,16 +153,14 @@ def test_a_standby_for_another_target_or_dead_is_never_loaded(rt: Runtime) -> No
         assert run(rt.prepare_rollback(session.id, second.id))
         dead = _standby(rt, session.id)
         assert dead.qemu_pid is not None
-        os.kill(dead.qemu_pid, signal.SIGKILL)
-        while is_running(dead.qemu_pid, rt.standbys.files(dead).name):
-            time.sleep(0.01)
+        kill_and_wait(dead.qemu_pid, rt.standbys.files(dead).name)
         run(rt.rollback(session.id, second.id))
         assert run(rt.read_file(session.id, "/data/marker")) == b"second"
         assert not (rt.home.layers / dead.disk_layer).exists()
-        assert _new_problems(rt, before) == []
+        assert new_problems(rt, before) == []
     finally:
         run(rt.remove(session.id))
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_a_crashed_session_comes_back_on_its_standby(rt: Runtime) -> None:
@@ -179,18 +172,16 @@ def test_a_crashed_session_comes_back_on_its_standby(rt: Runtime) -> None:
         standby = _standby(rt, session.id)
         crashed = rt.store.get_session(session.id).qemu_pid
         assert crashed is not None
-        os.kill(crashed, signal.SIGKILL)
-        while is_running(crashed, rt.files(session.id).name):
-            time.sleep(0.01)
+        kill_and_wait(crashed, rt.files(session.id).name)
         assert rt.get(session.id).state == "crashed"  # found crashed: its standby stays
         assert _standby(rt, session.id) == standby
         [recovered] = run(rt.recover())
         assert not isinstance(recovered, Exception), recovered
         assert rt.store.get_session(session.id).qemu_pid == standby.qemu_pid
-        assert _new_problems(rt, before) == []
+        assert new_problems(rt, before) == []
     finally:
         run(rt.remove(session.id))
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_standbys_are_bounded_and_go_with_their_session_or_checkpoint(rt: Runtime) -> None:
@@ -217,36 +208,27 @@ def test_standbys_are_bounded_and_go_with_their_session_or_checkpoint(rt: Runtim
         run(rt.stop(b.id))  # a stopped session holds no QEMU
         assert rt.standbys.rows.get(b.id) is None and _processes_of(rt, b.id) == set()
         assert not (rt.home.layers / in_b.disk_layer).exists()
-        assert _new_problems(rt, before) == []
+        assert new_problems(rt, before) == []
         assert run(rt.prepare_rollback(a.id))
     finally:
         run(rt.remove(a.id))
         run(rt.remove(b.id))
     assert _processes_of(rt, a.id) == set() and rt.standbys.rows.all() == []
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_the_cli_prepares_after_checkpoint_and_rollback() -> None:
-    env = {**os.environ, "FORKPOINT_ROLLBACK_STANDBYS": "1", "NO_COLOR": "1"}
-
-    def cli(*args: str) -> Any:
-        out = subprocess.run(
-            [str(FORKPOINT), *args, "--json"], env=env, capture_output=True, text=True, timeout=300
-        )
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout) if out.stdout.strip() else None
-
-    session = cli("create")["id"]
+    session = _cli_json("create")["id"]
     runtime = Runtime.open()
     try:
-        cli("checkpoint", session)
+        _cli_json("checkpoint", session)
         standby = _standby(runtime, session)
-        cli("rollback", session)
+        _cli_json("rollback", session)
         assert runtime.store.get_session(session).qemu_pid == standby.qemu_pid
         again = _standby(runtime, session)  # and the next one is ready
         assert again.tag != standby.tag
     finally:
-        cli("rm", session)
+        _cli_json("rm", session)
         runtime.close()
 
 
@@ -259,19 +241,14 @@ def test_a_rollback_killed_while_it_loads_its_standby_leaves_nothing_behind(
     """forkpoint SIGKILLed mid-rollback (the standby taken, maybe renamed in, unrecorded):
     the next rollback finds the session, kills what was left and restores it."""
     # Orphans (the taken standby's layer) are swept at once, as in the fault campaign.
-    env = {**os.environ, "FORKPOINT_ROLLBACK_STANDBYS": "1", "NO_COLOR": "1", GRACE_ENV: "0"}
+    sweep = {GRACE_ENV: "0"}
 
     def cli(*args: str, crash: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(FORKPOINT), *args, "--json"], capture_output=True, text=True, timeout=300,
-            env={**env, "FORKPOINT_CRASH_AT": crash} if crash else env,
-        )  # fmt: skip
+        return _cli(*args, **sweep, **({"FORKPOINT_CRASH_AT": crash} if crash else {}))
 
     runtime = Runtime.open()
     before = check_home(runtime.home, runtime.store)
-    made = cli("create")
-    assert made.returncode == 0, made.stderr
-    session = json.loads(made.stdout)["id"]
+    session = _cli_json("create")["id"]
     try:
         run(runtime.write_file(session, "/data/m", b"kept\n"))
         assert cli("checkpoint", session).returncode == 0  # and prepares a standby
@@ -287,7 +264,7 @@ def test_a_rollback_killed_while_it_loads_its_standby_leaves_nothing_behind(
             _standby(runtime, session).qemu_pid,
         }
         assert run(runtime.read_file(session, "/data/m")) == b"kept\n"
-        assert _new_problems(runtime, before) == []
+        assert new_problems(runtime, before) == []
     finally:
         cli("rm", session)
         runtime.close()

@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,7 +19,8 @@ from forkpoint.runtime import Runtime
 from forkpoint.runtime.invariants import check_home
 from forkpoint.runtime.warm import WarmTarget
 from forkpoint.store.warm import WarmRecord
-from forkpoint.vm.process import is_running
+from forkpoint.vm.process import is_running, kill_and_wait
+from vm_checks import new_problems, read_port
 
 pytestmark = pytest.mark.vm
 
@@ -58,30 +56,6 @@ while True:
 """
 
 
-def _read_port(port: int, timeout_s: float = 90.0) -> bytes:
-    """What the guest's listener sends on the forwarded host ``port`` (Python needs
-    seconds to start under TCG)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-                conn.sendall(b"hello\n")  # a request, then its answer (as HTTP)
-                data = conn.recv(100)
-                if data:
-                    return data
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"nothing answered on 127.0.0.1:{port}")
-        time.sleep(0.3)
-
-
-def _new_problems(rt: Runtime, before: list[str]) -> list[str]:
-    """What the invariant checker finds now and did not before the test (a killed earlier
-    run can leave orphans in a reused test home: sweeping them is gc's job, tested apart)."""
-    return sorted(set(check_home(rt.home, rt.store)) - set(before))
-
-
 def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
     assert run(rt.fill_warm(ports=[8000])) == 2
@@ -90,7 +64,7 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
     assert all(_alive(rt, w.id, w.passt_pid) for w in warm.values())
     reserved = {w.forwards[0][0] for w in warm.values()}  # a host port each, for 8000
     assert len(reserved) == 2 and reserved <= rt.store.allocated_host_ports()
-    assert _new_problems(rt, before) == []  # owned by their rows, files recorded
+    assert new_problems(rt, before) == []  # owned by their rows, files recorded
 
     session = run(rt.create(ports=[8000]))
     try:
@@ -105,9 +79,9 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
         )
         assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
         assert len(rt.warm.rows.all()) == 1  # taken once
-        assert _new_problems(rt, before) == []
+        assert new_problems(rt, before) == []
         run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports do forward
-        assert _read_port(session.ports[0].host_port) == b"from the warm VM"
+        assert read_port(session.ports[0].host_port) == b"from the warm VM"
 
         # Other ports, another shape: other keys. They start cold and leave the pool alone.
         for kind in ({}, {"ports": [8001]}, {"memory_mib": 384, "network": "none"}):
@@ -118,9 +92,7 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
 
         # A warm VM whose QEMU died is dropped, with its files, and the create starts cold.
         assert left.qemu_pid is not None
-        os.kill(left.qemu_pid, signal.SIGKILL)
-        while _alive(rt, left.id, left.qemu_pid):  # a kill is not instant (nor is a create)
-            time.sleep(0.01)
+        kill_and_wait(left.qemu_pid, rt.files(left.id).name)  # gone before the create
         cold = run(rt.create(ports=[8000]))
         assert cold.id != left.id
         assert rt.warm.rows.all() == []
@@ -129,7 +101,7 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
         run(rt.remove(cold.id))
     finally:
         run(rt.remove(session.id))
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_a_warm_vm_that_dies_once_taken_is_restored_cold_in_its_place(
@@ -143,9 +115,7 @@ def test_a_warm_vm_that_dies_once_taken_is_restored_cold_in_its_place(
     def take_then_die(target: WarmTarget) -> WarmRecord | None:
         record = take(target)
         assert record is not None and record.qemu_pid is not None
-        os.kill(record.qemu_pid, signal.SIGKILL)  # after the pool's liveness check
-        while _alive(rt, record.id, record.qemu_pid):
-            time.sleep(0.01)
+        kill_and_wait(record.qemu_pid, rt.files(record.id).name)  # after the pool's check
         return record
 
     monkeypatch.setattr(rt.warm, "take", take_then_die)
@@ -157,11 +127,11 @@ def test_a_warm_vm_that_dies_once_taken_is_restored_cold_in_its_place(
         assert not (rt.home.layers / warm.disk_layer).exists()
         assert [(p.host_port, p.guest_port) for p in session.ports] == list(warm.forwards)
         run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports, a new passt
-        assert _read_port(session.ports[0].host_port) == b"from the warm VM"
-        assert _new_problems(rt, before) == []
+        assert read_port(session.ports[0].host_port) == b"from the warm VM"
+        assert new_problems(rt, before) == []
     finally:
         run(rt.remove(session.id))
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_forks_take_warm_vms_of_their_checkpoint_and_its_removal_stops_them(
@@ -192,7 +162,7 @@ def test_forks_take_warm_vms_of_their_checkpoint_and_its_removal_stops_them(
     run(rt.remove_checkpoint(checkpoint.id))  # its RAM file goes: so does its warm VM
     assert rt.warm.rows.all() == []
     assert not _alive(rt, left.id, left.qemu_pid)
-    assert _new_problems(rt, before) == []
+    assert new_problems(rt, before) == []
 
 
 def test_the_cli_refills_after_create_and_drains() -> None:

@@ -141,10 +141,11 @@ class Runtime(Queries):
         #: Sessions this process forked only to look at a checkpoint (diffs); gone soon.
         self.scratch_sessions: set[str] = set()
         self.warm = WarmPool(self.home, store)
-        #: A long-lived process (the server) refills warm VMs in the background after a
-        #: create; a CLI process refills once it has printed its result (``fill_warm``).
+        #: A long-lived process (the server) refills warm VMs after a create and prepares
+        #: rollback standbys after a checkpoint or rollback in the background; a CLI process
+        #: does so once it has printed its result (``fill_warm``, ``prepare_rollback``).
         self.refill_in_background = False
-        self._refills: set[asyncio.Task[object]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self.standbys = Standbys(self.home, store)
         self._agents = AgentPool(
             lambda session_id: global_lock_async(
@@ -316,8 +317,8 @@ class Runtime(Queries):
 
     def _in_background(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.get_running_loop().create_task(work)
-        self._refills.add(task)
-        task.add_done_callback(self._refills.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _require_room(self, sessions: int) -> None:
         """Refuse to start ``sessions`` more when the disk reserve or the session count

@@ -33,8 +33,9 @@ from forkpoint.store import CheckpointRecord, SessionRecord, Store
 from forkpoint.store.standby import StandbyRecord, StandbyStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
-from forkpoint.vm.process import is_running, kill_and_wait, pids_with_arg
+from forkpoint.vm.process import is_running
 
+from .cleanup import kill_vm_processes
 from .egress import install_filter, policy_of
 from .limits import prepare_cgroup
 from .machines import boot_files, jail_of, new_layer_name
@@ -144,8 +145,6 @@ class Standbys:
 
     def _remove(self, session_id: str, tag: str, layer: str, pid: int | None) -> None:
         files = vm_files(self.home, session_id).standby(tag)
-        kill_and_wait(pid, files.name)
-        for found, name in pids_with_arg(files.name.__eq__):  # one never recorded
-            kill_and_wait(found, name)
+        kill_vm_processes(files, pid)  # and one never recorded, found by its name
         files.remove_own()
         (self.home.layers / layer).unlink(missing_ok=True)

@@ -67,13 +67,9 @@ class StandbyStore:
     def take(self, session_id: str) -> StandbyRecord | None:
         """Remove and return the session's standby (None: it has none)."""
         with self.store.transaction() as conn:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM standbys WHERE session_id = ?", (session_id,)
-            ).fetchone()
-            if row is None:
-                return None
-            conn.execute("DELETE FROM standbys WHERE session_id = ?", (session_id,))
-        return _record(row)
+            if (record := self.get(session_id)) is not None:  # joins this transaction
+                conn.execute("DELETE FROM standbys WHERE session_id = ?", (session_id,))
+        return record
 
     def all(self) -> list[StandbyRecord]:
         with self.store.transaction() as conn:
