@@ -60,9 +60,10 @@ _DEEP = {"POST /v1/checkpoints/pull"}
 # Reached without a 2xx in some runs, with an answer that still shows the links led there: a
 # 409 names a resource that exists but whose state refuses (a checkpoint still in use, a
 # session without a history or with no step to undo); killing the background process a
-# link named answers 404 once it has ended (fuzzed commands exit at once). Each answers 2xx in most runs, and what is
-# behind it (history, undo, checkpoint removal, killing a process) has tests of its own. Found by
-# CI: a miss of one of these failed about one run in two.
+# link named answers 404 once it has ended (fuzzed commands exit at once). Each answers 2xx
+# in most runs, and what is behind it (history, undo, checkpoint removal, killing a
+# process) has tests of its own. Found by CI: a miss of one of these failed about one run
+# in two.
 _REACHED = {
     "GET /v1/sessions/{session_id}/history": {409},
     "POST /v1/sessions/{session_id}/undo": {409},
