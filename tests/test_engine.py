@@ -14,10 +14,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -40,7 +39,6 @@ from forkpoint.vm.process import pids_with_arg
 
 pytestmark = pytest.mark.vm
 
-_T = TypeVar("_T")
 
 # Counts in memory; the file only reports the count. A restarted process would start at 1.
 COUNTER = (
@@ -52,10 +50,6 @@ COUNTER = (
     "    os.replace('/tmp/count.tmp','/tmp/count')\n"
     '    time.sleep(0.1)"'
 )
-
-
-def run(coro: Coroutine[Any, Any, _T]) -> _T:
-    return asyncio.run(coro)
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +90,12 @@ def parent(rt: Runtime) -> Iterator[Session]:
         await _wait_count(rt, session.id, 20)
         return session
 
-    session = run(setup())
+    session = asyncio.run(setup())
     yield session
     leftovers = [c.id for c in rt.list_checkpoints(session.id)]
-    run(rt.remove(session.id))
+    asyncio.run(rt.remove(session.id))
     for checkpoint_id in leftovers:
-        run(rt.remove_checkpoint(checkpoint_id))
+        asyncio.run(rt.remove_checkpoint(checkpoint_id))
 
 
 @pytest.mark.smoke
@@ -142,7 +136,7 @@ def test_forks_run_the_same_process_from_its_checkpointed_state(
                     await rt.remove(fork.id)
             await rt.remove_checkpoint(ck.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 @pytest.mark.smoke
@@ -168,7 +162,7 @@ def test_rollback_brings_back_files_and_the_killed_process(rt: Runtime, parent: 
         assert at_checkpoint <= count < at_kill, (at_checkpoint, count, at_kill)
         assert rt.get(parent.id).parent_checkpoint == ck.id
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_rolling_back_to_an_unknown_checkpoint_names_it(rt: Runtime, parent: Session) -> None:
@@ -176,7 +170,7 @@ def test_rolling_back_to_an_unknown_checkpoint_names_it(rt: Runtime, parent: Ses
     answers with 409, not the 404 that would say the session is gone (found by fuzzing)."""
     for call in (rt.rollback, rt.rollback_preview):
         with pytest.raises(UnknownCheckpoint, match="unknown checkpoint: c-0000000000") as caught:
-            run(call(parent.id, "c-0000000000"))
+            asyncio.run(call(parent.id, "c-0000000000"))
         assert isinstance(caught.value, NotFound) and caught.value.http_status == 409
     assert rt.get(parent.id).state == "running"
 
@@ -202,7 +196,7 @@ def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:
         "a=$(awk '/LOC:/{print $2}' /proc/interrupts); sleep 4; "
         "b=$(awk '/LOC:/{print $2}' /proc/interrupts); echo $((b - a))"
     )
-    result = run(rt.exec(parent.id, ["sh", "-c", script]))
+    result = asyncio.run(rt.exec(parent.id, ["sh", "-c", script]))
     nohz_cpus, interrupts = (int(n) for n in result.stdout.split())
     assert nohz_cpus >= 1, result.stdout
     assert interrupts < 4 * 100, f"{interrupts} local timer interrupts in 4 s"
@@ -211,19 +205,19 @@ def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:
 def test_an_idle_agent_sleeps_until_a_host_connects(rt: Runtime) -> None:
     """With no host connected the agent waits for one to connect instead of polling (it
     polled 20 times a second: most of an idle VM's CPU under TCG)."""
-    session = run(rt.create())
+    session = asyncio.run(rt.create())
     try:
         script = (
             "sleep 1; p=$(pgrep -of forkpoint.guest.agent); "
             "n() { cat /proc/$p/task/*/status | awk '/^voluntary_ctxt/{n+=$2} END{print n}'; }; "
             "a=$(n); sleep 4; b=$(n); echo $((b - a)) > /tmp/agent-wakeups"
         )
-        run(rt.spawn(session.id, ["sh", "-c", script]))
+        asyncio.run(rt.spawn(session.id, ["sh", "-c", script]))
         time.sleep(6)  # no host connection meanwhile
-        result = run(rt.exec(session.id, ["cat", "/tmp/agent-wakeups"]))
+        result = asyncio.run(rt.exec(session.id, ["cat", "/tmp/agent-wakeups"]))
         assert int(result.stdout) < 20, f"the idle agent woke {result.stdout} times in 4 s"
     finally:
-        run(rt.remove(session.id))
+        asyncio.run(rt.remove(session.id))
 
 
 def test_chains_five_levels_deep(rt: Runtime, parent: Session) -> None:
@@ -255,7 +249,7 @@ def test_chains_five_levels_deep(rt: Runtime, parent: Session) -> None:
             for ck_id in reversed(checkpoints):
                 await rt.remove_checkpoint(ck_id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_checkpoint_in_use_cannot_be_deleted(rt: Runtime, parent: Session) -> None:
@@ -269,7 +263,7 @@ def test_checkpoint_in_use_cannot_be_deleted(rt: Runtime, parent: Session) -> No
         await rt.remove_checkpoint(ck.id)
         assert not rt.checkpoint_files(ck.id).dir.exists()
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("ending", ["qemu killed", "guest reboot"])
@@ -297,7 +291,7 @@ def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, end
             await rt.remove(session.id)
         await rt.remove_checkpoint(ck.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_command_cut_short_by_a_rollback_or_rm_is_a_conflict_not_an_agent_error(
@@ -324,7 +318,7 @@ def test_a_command_cut_short_by_a_rollback_or_rm_is_a_conflict_not_an_agent_erro
             with contextlib.suppress(NotFound):
                 await rt.remove(session.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_queries_during_a_rollback_neither_call_it_a_crash_nor_kill_the_new_vm(
@@ -362,7 +356,7 @@ def test_queries_during_a_rollback_neither_call_it_a_crash_nor_kill_the_new_vm(
         finally:
             await rt.remove(session.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path: Path) -> None:
@@ -394,7 +388,7 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
         finally:
             await rt.remove(session.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_checkpoint_killed_halfway_leaves_nothing_visible(rt: Runtime) -> None:
@@ -425,7 +419,7 @@ def test_checkpoint_killed_halfway_leaves_nothing_visible(rt: Runtime) -> None:
         finally:
             await rt.remove(session.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_remove_kills_a_vm_whose_pids_were_never_recorded(rt: Runtime) -> None:
@@ -439,7 +433,7 @@ def test_remove_kills_a_vm_whose_pids_were_never_recorded(rt: Runtime) -> None:
         await rt.remove(session.id)
         assert not pids_with_arg(lambda arg: session.id in arg), name
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_manifest_refuses_another_qemu_build_or_shape(rt: Runtime, parent: Session) -> None:
@@ -469,7 +463,7 @@ def test_manifest_refuses_another_qemu_build_or_shape(rt: Runtime, parent: Sessi
         finally:
             await rt.remove_checkpoint(ck.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_long_exec_does_not_delay_a_file_read_over_rest(rt: Runtime, parent: Session) -> None:
@@ -495,4 +489,4 @@ def test_a_long_exec_does_not_delay_a_file_read_over_rest(rt: Runtime, parent: S
             assert result.status_code == 200 and result.json()["stdout"] == "slept\n"
             assert time.monotonic() - started >= 10
 
-    run(scenario())
+    asyncio.run(scenario())

@@ -9,9 +9,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
@@ -25,13 +24,8 @@ from forkpoint.vm.cgroups import CgroupHost, Hierarchy
 
 pytestmark = pytest.mark.vm
 
-_T = TypeVar("_T")
 MEMORY_MIB, CPUS = 512, 1
 HOG = "b = []\ntry:\n    while True: b.append(b'x' * (1 << 20))\nexcept MemoryError: pass\n"
-
-
-def run(coro: Coroutine[Any, Any, _T]) -> _T:
-    return asyncio.run(coro)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +37,12 @@ def rt() -> Iterator[Runtime]:
 
 @pytest.fixture(scope="module")
 def session(rt: Runtime) -> Iterator[Session]:
-    created = run(rt.create(memory_mib=MEMORY_MIB, cpus=CPUS))
+    created = asyncio.run(rt.create(memory_mib=MEMORY_MIB, cpus=CPUS))
     yield created
     leftovers = [c.id for c in rt.list_checkpoints(created.id)]
-    run(rt.remove(created.id))
+    asyncio.run(rt.remove(created.id))
     for checkpoint_id in leftovers:
-        run(rt.remove_checkpoint(checkpoint_id))
+        asyncio.run(rt.remove_checkpoint(checkpoint_id))
 
 
 def _enforcing(host: CgroupHost) -> dict[str, Hierarchy]:
@@ -139,14 +133,14 @@ def test_a_guest_using_all_its_memory_keeps_qemu_under_the_limit(
         pytest.skip("this kernel does not record the cgroup's peak usage")
     qemu = _pids(rt, session.id)[0]
 
-    hog = run(rt.exec(session.id, ["python3", "-c", HOG], timeout=300))
+    hog = asyncio.run(rt.exec(session.id, ["python3", "-c", HOG], timeout=300))
     assert hog.exit_code in (0, 137)  # done, or killed by the guest's OOM killer
 
     peak = int(_read(peak_file))
     anon = _anonymous_bytes(qemu)
     assert peak <= limit
     assert anon >= 0.6 * (MEMORY_MIB << 20), anon  # the guest really filled its RAM
-    assert run(rt.exec(session.id, "echo alive")).stdout == "alive\n"
+    assert asyncio.run(rt.exec(session.id, "echo alive")).stdout == "alive\n"
     assert _pids(rt, session.id)[0] == qemu
 
 
@@ -161,20 +155,20 @@ def test_rollback_puts_the_new_qemu_in_the_same_cgroup_and_rm_removes_it(
     rt: Runtime, session: Session
 ) -> None:
     enforcing = _enforcing(CgroupHost.detect())
-    checkpoint = run(rt.checkpoint(session.id))
+    checkpoint = asyncio.run(rt.checkpoint(session.id))
     old = _pids(rt, session.id)
-    run(rt.rollback(session.id, checkpoint.id))
+    asyncio.run(rt.rollback(session.id, checkpoint.id))
     new = _pids(rt, session.id)
     assert not set(old) & set(new)
     for hierarchy in enforcing.values():
         members = {int(p) for p in _read(hierarchy.base / session.id / "cgroup.procs").split()}
         assert members == set(new)
 
-    other = run(rt.fork(checkpoint.id))[0]
+    other = asyncio.run(rt.fork(checkpoint.id))[0]
     assert isinstance(other, Session)
     for hierarchy in enforcing.values():
         assert (hierarchy.base / other.id).is_dir()
-    run(rt.remove(other.id))
+    asyncio.run(rt.remove(other.id))
     for hierarchy in enforcing.values():
         assert not (hierarchy.base / other.id).exists()
 
@@ -201,6 +195,6 @@ def test_without_writable_cgroups_sessions_still_run_and_say_so(rt: Runtime) -> 
         assert len(warned) == 4 and all("Read-only file system" in w for w in warned), warned
         shown = rt.get(created["id"]).limits
         assert shown is not None and shown.not_enforced == ("memory", "cpu", "pids", "io")
-        assert run(rt.exec(created["id"], "echo ok")).stdout == "ok\n"
+        assert asyncio.run(rt.exec(created["id"], "echo ok")).stdout == "ok\n"
     finally:
-        run(rt.remove(created["id"]))
+        asyncio.run(rt.remove(created["id"]))

@@ -13,9 +13,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
@@ -30,7 +29,6 @@ from s3_server import S3Server, s3_server
 
 pytestmark = pytest.mark.vm
 
-_T = TypeVar("_T")
 MIB = 1 << 20
 
 COUNTER = (
@@ -42,10 +40,6 @@ COUNTER = (
     "    os.replace('/tmp/count.tmp','/tmp/count')\n"
     '    time.sleep(0.2)"'
 )
-
-
-def run(coro: Coroutine[Any, Any, _T]) -> _T:
-    return asyncio.run(coro)
 
 
 def _home_beside(a: Runtime, root: Path) -> Runtime:
@@ -95,7 +89,7 @@ def host_b(host_a: Runtime, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     runtime = _home_beside(host_a, tmp_path_factory.mktemp("hosts") / "b")
     yield runtime
     for session in runtime.list_sessions():
-        run(runtime.remove(session.id))
+        asyncio.run(runtime.remove(session.id))
     runtime.close()
 
 
@@ -110,12 +104,12 @@ def source(host_a: Runtime) -> Iterator[tuple[Session, Checkpoint, int]]:
         pid, _ = await _counter(host_a, session.id)
         return session, await host_a.checkpoint(session.id), pid
 
-    session, ck, pid = run(setup())
+    session, ck, pid = asyncio.run(setup())
     yield session, ck, pid
     leftovers = [c.id for c in host_a.list_checkpoints(session.id)]
-    run(host_a.remove(session.id))
+    asyncio.run(host_a.remove(session.id))
     for checkpoint_id in reversed(leftovers):
-        run(host_a.remove_checkpoint(checkpoint_id))
+        asyncio.run(host_a.remove_checkpoint(checkpoint_id))
 
 
 def test_push_from_a_pull_into_b_and_fork_three_times(
@@ -150,7 +144,7 @@ def test_push_from_a_pull_into_b_and_fork_three_times(
                 if isinstance(fork, Session):
                     await host_b.remove(fork.id)
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_second_checkpoint_uploads_about_what_the_guest_wrote(
@@ -176,7 +170,7 @@ def test_a_second_checkpoint_uploads_about_what_the_guest_wrote(
         assert put < template_pack
         assert abs(put - pushed.sent_bytes) < 64 << 10  # the refs, overwritten
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_tampered_object_fails_the_pull_and_changes_nothing(
@@ -194,12 +188,12 @@ def test_a_tampered_object_fails_the_pull_and_changes_nothing(
     before = _snapshot(host_b)
     try:
         with pytest.raises(DamagedCheckpoint, match="corrupt"):
-            run(host_b.pull_checkpoint("portable-second", url))
+            asyncio.run(host_b.pull_checkpoint("portable-second", url))
         assert _snapshot(host_b) == before
         assert not list((host_b.home.portable / "tmp").iterdir())
     finally:
         stored.write_bytes(original)
-    pulled = run(host_b.pull_checkpoint("portable-second", url))  # repaired: it works
+    pulled = asyncio.run(host_b.pull_checkpoint("portable-second", url))  # repaired: it works
     print(f"\nchild pull: {pulled.received_bytes / MIB:.2f} MiB in {pulled.duration_ms:.0f} ms")
     assert pulled.checkpoint.name == "portable-second"
     assert pulled.received_bytes < 8 * MIB  # only the delta: B has the template
@@ -296,7 +290,7 @@ def test_a_pull_killed_half_way_completes_when_run_again(
     host_a: Runtime, s3: S3Server, tmp_path: Path, source: tuple[Session, Checkpoint, int]
 ) -> None:
     _, ck, _ = source
-    run(host_a.push_checkpoint(ck.id, s3.url("pull-killed")))
+    asyncio.run(host_a.push_checkpoint(ck.id, s3.url("pull-killed")))
     host_e = _home_beside(host_a, tmp_path / "e")
     host_e.close()
     command = [sys.executable, "-m", "forkpoint.cli.app", "checkpoint", "pull", ck.id,
@@ -354,7 +348,7 @@ def test_the_same_round_trip_through_an_archive(
                     await host_c.remove(fork.id)
 
     try:
-        run(scenario())
+        asyncio.run(scenario())
     finally:
         host_c.close()
 
@@ -385,6 +379,6 @@ def test_push_and_pull_through_the_sdk_and_mcp(
             )
 
     try:
-        run(scenario())
+        asyncio.run(scenario())
     finally:
         host_d.close()

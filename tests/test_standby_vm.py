@@ -9,9 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -24,7 +24,6 @@ from vm_checks import new_problems, read_port
 
 pytestmark = pytest.mark.vm
 
-_T = TypeVar("_T")
 FORKPOINT = Path(sys.executable).with_name("forkpoint")
 
 LISTENER = """
@@ -36,10 +35,6 @@ while True:
     c.sendall(b"from before the rollback")
     c.close()
 """
-
-
-def run(coro: Coroutine[Any, Any, _T]) -> _T:
-    return asyncio.run(coro)
 
 
 @pytest.fixture
@@ -80,9 +75,9 @@ def _processes_of(rt: Runtime, session_id: str) -> set[int]:
 
 def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
-    session = run(rt.create(ports=[8000]))
+    session = asyncio.run(rt.create(ports=[8000]))
     try:
-        listener = run(rt.spawn(session.id, ["python3", "-c", LISTENER]))
+        listener = asyncio.run(rt.spawn(session.id, ["python3", "-c", LISTENER]))
         port = session.ports[0].host_port
         assert read_port(port) == b"from before the rollback"
 
@@ -94,13 +89,13 @@ def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
             finally:
                 rt.refill_in_background = False
 
-        run(checkpoint_in_a_server())
+        asyncio.run(checkpoint_in_a_server())
         standby = _standby(rt, session.id)
         assert new_problems(rt, before) == []  # owned by its row, its layer recorded
-        run(rt.exec(session.id, ["kill", "-9", str(listener.pid)]))
+        asyncio.run(rt.exec(session.id, ["kill", "-9", str(listener.pid)]))
         old_qemu = rt.store.get_session(session.id).qemu_pid
 
-        rolled = run(rt.rollback(session.id))
+        rolled = asyncio.run(rt.rollback(session.id))
         record = rt.store.get_session(session.id)
         assert record.qemu_pid == standby.qemu_pid  # loaded, not started
         assert record.disk_layer == standby.disk_layer
@@ -108,111 +103,111 @@ def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
         assert not is_running(old_qemu, rt.files(session.id).name)
         assert [p.host_port for p in rolled.ports] == [port]  # same ports, a new passt
         assert read_port(port) == b"from before the rollback"  # the killed process is back
-        processes = run(rt.ps(session.id))
+        processes = asyncio.run(rt.ps(session.id))
         assert any(p.pid == listener.pid for p in processes)  # at the same PID
-        assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
+        assert asyncio.run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
         assert new_problems(rt, before) == []
 
         # Without a standby it starts QEMU, as always; the promoted standby goes.
-        run(rt.rollback(session.id))
+        asyncio.run(rt.rollback(session.id))
         assert rt.store.get_session(session.id).qemu_pid not in (standby.qemu_pid, None)
         assert _processes_of(rt, session.id) == {rt.store.get_session(session.id).qemu_pid}
         assert read_port(port) == b"from before the rollback"
     finally:
-        run(rt.remove(session.id))
+        asyncio.run(rt.remove(session.id))
     assert _processes_of(rt, session.id) == set()
     assert new_problems(rt, before) == []
 
 
 def test_a_standby_for_another_target_or_dead_is_never_loaded(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
-    session = run(rt.create())
+    session = asyncio.run(rt.create())
     try:
-        run(rt.write_file(session.id, "/data/marker", b"first"))
-        first = run(rt.checkpoint(session.id))
-        assert run(rt.prepare_rollback(session.id))
-        assert not run(rt.prepare_rollback(session.id))  # it has a live one already
+        asyncio.run(rt.write_file(session.id, "/data/marker", b"first"))
+        first = asyncio.run(rt.checkpoint(session.id))
+        assert asyncio.run(rt.prepare_rollback(session.id))
+        assert not asyncio.run(rt.prepare_rollback(session.id))  # it has a live one already
         stale = _standby(rt, session.id)
         assert stale.checkpoint_id == first.id
 
-        run(rt.write_file(session.id, "/data/marker", b"second"))
-        second = run(rt.checkpoint(session.id))
-        assert run(rt.prepare_rollback(session.id))  # the target moved: replaced
+        asyncio.run(rt.write_file(session.id, "/data/marker", b"second"))
+        second = asyncio.run(rt.checkpoint(session.id))
+        assert asyncio.run(rt.prepare_rollback(session.id))  # the target moved: replaced
         fresh = _standby(rt, session.id)
         assert fresh.checkpoint_id == second.id and fresh.tag != stale.tag
         assert not is_running(stale.qemu_pid, rt.standbys.files(stale).name)
         assert not (rt.home.layers / stale.disk_layer).exists()
 
         # A rollback elsewhere (the first checkpoint) discards it and starts QEMU.
-        run(rt.rollback(session.id, first.id))
+        asyncio.run(rt.rollback(session.id, first.id))
         assert rt.store.get_session(session.id).qemu_pid != fresh.qemu_pid
         assert rt.standbys.rows.get(session.id) is None
-        assert run(rt.read_file(session.id, "/data/marker")) == b"first"
+        assert asyncio.run(rt.read_file(session.id, "/data/marker")) == b"first"
 
         # A standby that died is replaced by a QEMU started in its place.
-        assert run(rt.prepare_rollback(session.id, second.id))
+        assert asyncio.run(rt.prepare_rollback(session.id, second.id))
         dead = _standby(rt, session.id)
         assert dead.qemu_pid is not None
         kill_and_wait(dead.qemu_pid, rt.standbys.files(dead).name)
-        run(rt.rollback(session.id, second.id))
-        assert run(rt.read_file(session.id, "/data/marker")) == b"second"
+        asyncio.run(rt.rollback(session.id, second.id))
+        assert asyncio.run(rt.read_file(session.id, "/data/marker")) == b"second"
         assert not (rt.home.layers / dead.disk_layer).exists()
         assert new_problems(rt, before) == []
     finally:
-        run(rt.remove(session.id))
+        asyncio.run(rt.remove(session.id))
     assert new_problems(rt, before) == []
 
 
 def test_a_crashed_session_comes_back_on_its_standby(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
-    session = run(rt.create())
+    session = asyncio.run(rt.create())
     try:
-        run(rt.checkpoint(session.id))
-        assert run(rt.prepare_rollback(session.id))
+        asyncio.run(rt.checkpoint(session.id))
+        assert asyncio.run(rt.prepare_rollback(session.id))
         standby = _standby(rt, session.id)
         crashed = rt.store.get_session(session.id).qemu_pid
         assert crashed is not None
         kill_and_wait(crashed, rt.files(session.id).name)
         assert rt.get(session.id).state == "crashed"  # found crashed: its standby stays
         assert _standby(rt, session.id) == standby
-        [recovered] = run(rt.recover())
+        [recovered] = asyncio.run(rt.recover())
         assert not isinstance(recovered, Exception), recovered
         assert rt.store.get_session(session.id).qemu_pid == standby.qemu_pid
         assert new_problems(rt, before) == []
     finally:
-        run(rt.remove(session.id))
+        asyncio.run(rt.remove(session.id))
     assert new_problems(rt, before) == []
 
 
 def test_standbys_are_bounded_and_go_with_their_session_or_checkpoint(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
-    a, b = run(rt.create()), run(rt.create())
+    a, b = asyncio.run(rt.create()), asyncio.run(rt.create())
     try:
-        own = run(rt.checkpoint(a.id))
-        run(rt.checkpoint(b.id))
-        assert run(rt.prepare_rollback(a.id, limit=1))
+        own = asyncio.run(rt.checkpoint(a.id))
+        asyncio.run(rt.checkpoint(b.id))
+        assert asyncio.run(rt.prepare_rollback(a.id, limit=1))
         first = _standby(rt, a.id)
-        assert run(rt.prepare_rollback(b.id, limit=1))  # the oldest other one makes room
+        assert asyncio.run(rt.prepare_rollback(b.id, limit=1))  # the oldest other one makes room
         assert rt.standbys.rows.get(a.id) is None
         assert not is_running(first.qemu_pid, rt.standbys.files(first).name)
-        assert run(rt.prepare_rollback(a.id, limit=0)) is False  # none wanted: none made
+        assert asyncio.run(rt.prepare_rollback(a.id, limit=0)) is False  # none wanted: none made
         assert rt.standbys.rows.get(a.id) is None
 
-        assert run(rt.prepare_rollback(a.id))
+        assert asyncio.run(rt.prepare_rollback(a.id))
         mapped = _standby(rt, a.id)
-        run(rt.remove_checkpoint(own.id))  # its RAM file goes: so does the standby
+        asyncio.run(rt.remove_checkpoint(own.id))  # its RAM file goes: so does the standby
         assert rt.standbys.rows.get(a.id) is None
         assert not is_running(mapped.qemu_pid, rt.standbys.files(mapped).name)
 
         in_b = _standby(rt, b.id)
-        run(rt.stop(b.id))  # a stopped session holds no QEMU
+        asyncio.run(rt.stop(b.id))  # a stopped session holds no QEMU
         assert rt.standbys.rows.get(b.id) is None and _processes_of(rt, b.id) == set()
         assert not (rt.home.layers / in_b.disk_layer).exists()
         assert new_problems(rt, before) == []
-        assert run(rt.prepare_rollback(a.id))
+        assert asyncio.run(rt.prepare_rollback(a.id))
     finally:
-        run(rt.remove(a.id))
-        run(rt.remove(b.id))
+        asyncio.run(rt.remove(a.id))
+        asyncio.run(rt.remove(b.id))
     assert _processes_of(rt, a.id) == set() and rt.standbys.rows.all() == []
     assert new_problems(rt, before) == []
 
@@ -250,7 +245,7 @@ def test_a_rollback_killed_while_it_loads_its_standby_leaves_nothing_behind(
     before = check_home(runtime.home, runtime.store)
     session = _cli_json("create")["id"]
     try:
-        run(runtime.write_file(session, "/data/m", b"kept\n"))
+        asyncio.run(runtime.write_file(session, "/data/m", b"kept\n"))
         assert cli("checkpoint", session).returncode == 0  # and prepares a standby
         standby = _standby(runtime, session)
         assert cli("rollback", session, crash=crash_at).returncode == -signal.SIGKILL
@@ -263,7 +258,7 @@ def test_a_rollback_killed_while_it_loads_its_standby_leaves_nothing_behind(
             record.qemu_pid,
             _standby(runtime, session).qemu_pid,
         }
-        assert run(runtime.read_file(session, "/data/m")) == b"kept\n"
+        assert asyncio.run(runtime.read_file(session, "/data/m")) == b"kept\n"
         assert new_problems(runtime, before) == []
     finally:
         cli("rm", session)

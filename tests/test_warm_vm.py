@@ -8,9 +8,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -24,12 +24,7 @@ from vm_checks import new_problems, read_port
 
 pytestmark = pytest.mark.vm
 
-_T = TypeVar("_T")
 FORKPOINT = Path(sys.executable).with_name("forkpoint")
-
-
-def run(coro: Coroutine[Any, Any, _T]) -> _T:
-    return asyncio.run(coro)
 
 
 @pytest.fixture
@@ -58,7 +53,7 @@ while True:
 
 def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
     before = check_home(rt.home, rt.store)
-    assert run(rt.fill_warm(ports=[8000])) == 2
+    assert asyncio.run(rt.fill_warm(ports=[8000])) == 2
     warm = {w.id: w for w in rt.warm.rows.all()}
     assert len(warm) == 2 and all(_alive(rt, w.id, w.qemu_pid) for w in warm.values())
     assert all(_alive(rt, w.id, w.passt_pid) for w in warm.values())
@@ -66,7 +61,7 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
     assert len(reserved) == 2 and reserved <= rt.store.allocated_host_ports()
     assert new_problems(rt, before) == []  # owned by their rows, files recorded
 
-    session = run(rt.create(ports=[8000]))
+    session = asyncio.run(rt.create(ports=[8000]))
     try:
         assert session.id in warm  # the session is the warm VM: its id, uid, QEMU, passt
         record = rt.store.get_session(session.id)
@@ -77,30 +72,30 @@ def test_a_create_becomes_a_warm_vm(rt: Runtime) -> None:
         assert [(p.host_port, p.guest_port) for p in session.ports] == list(
             warm[session.id].forwards
         )
-        assert run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
+        assert asyncio.run(rt.exec(session.id, ["hostname"])).stdout.strip() == session.id
         assert len(rt.warm.rows.all()) == 1  # taken once
         assert new_problems(rt, before) == []
-        run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports do forward
+        asyncio.run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports do forward
         assert read_port(session.ports[0].host_port) == b"from the warm VM"
 
         # Other ports, another shape: other keys. They start cold and leave the pool alone.
         for kind in ({}, {"ports": [8001]}, {"memory_mib": 384, "network": "none"}):
-            other = run(rt.create(**kind))
+            other = asyncio.run(rt.create(**kind))
             assert other.id not in warm
-            run(rt.remove(other.id))
+            asyncio.run(rt.remove(other.id))
         [left] = rt.warm.rows.all()
 
         # A warm VM whose QEMU died is dropped, with its files, and the create starts cold.
         assert left.qemu_pid is not None
         kill_and_wait(left.qemu_pid, rt.files(left.id).name)  # gone before the create
-        cold = run(rt.create(ports=[8000]))
+        cold = asyncio.run(rt.create(ports=[8000]))
         assert cold.id != left.id
         assert rt.warm.rows.all() == []
         assert not rt.files(left.id).dir.exists()
         assert not (rt.home.layers / left.disk_layer).exists()
-        run(rt.remove(cold.id))
+        asyncio.run(rt.remove(cold.id))
     finally:
-        run(rt.remove(session.id))
+        asyncio.run(rt.remove(session.id))
     assert new_problems(rt, before) == []
 
 
@@ -108,7 +103,7 @@ def test_a_warm_vm_that_dies_once_taken_is_restored_cold_in_its_place(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = check_home(rt.home, rt.store)
-    assert run(rt.fill_warm(ports=[8000], count=1)) == 1
+    assert asyncio.run(rt.fill_warm(ports=[8000], count=1)) == 1
     [warm] = rt.warm.rows.all()
     take = rt.warm.take
 
@@ -119,18 +114,18 @@ def test_a_warm_vm_that_dies_once_taken_is_restored_cold_in_its_place(
         return record
 
     monkeypatch.setattr(rt.warm, "take", take_then_die)
-    session = run(rt.create(ports=[8000]))
+    session = asyncio.run(rt.create(ports=[8000]))
     try:
         record = rt.store.get_session(session.id)
         assert session.id == warm.id and record.qemu_pid != warm.qemu_pid  # a new QEMU
         assert record.disk_layer != warm.disk_layer
         assert not (rt.home.layers / warm.disk_layer).exists()
         assert [(p.host_port, p.guest_port) for p in session.ports] == list(warm.forwards)
-        run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports, a new passt
+        asyncio.run(rt.spawn(session.id, ["python3", "-c", LISTENER]))  # its ports, a new passt
         assert read_port(session.ports[0].host_port) == b"from the warm VM"
         assert new_problems(rt, before) == []
     finally:
-        run(rt.remove(session.id))
+        asyncio.run(rt.remove(session.id))
     assert new_problems(rt, before) == []
 
 
@@ -138,28 +133,28 @@ def test_forks_take_warm_vms_of_their_checkpoint_and_its_removal_stops_them(
     rt: Runtime,
 ) -> None:
     before = check_home(rt.home, rt.store)
-    session = run(rt.create())
+    session = asyncio.run(rt.create())
     try:
-        run(rt.write_file(session.id, "/data/marker", b"from the checkpoint"))
-        checkpoint = run(rt.checkpoint(session.id))
+        asyncio.run(rt.write_file(session.id, "/data/marker", b"from the checkpoint"))
+        checkpoint = asyncio.run(rt.checkpoint(session.id))
     finally:
-        run(rt.remove(session.id))
-    assert run(rt.fill_warm(checkpoint=checkpoint.id, count=3)) == 3
+        asyncio.run(rt.remove(session.id))
+    assert asyncio.run(rt.fill_warm(checkpoint=checkpoint.id, count=3)) == 3
     warm = {w.id for w in rt.warm.rows.all()}
-    forks = run(rt.fork(checkpoint.id, 2))
+    forks = asyncio.run(rt.fork(checkpoint.id, 2))
     try:
         assert all(isinstance(f, Session) for f in forks), forks
         assert {f.id for f in forks if isinstance(f, Session)} <= warm
         for fork in forks:
             assert isinstance(fork, Session)
-            marker = run(rt.read_file(fork.id, "/data/marker"))
+            marker = asyncio.run(rt.read_file(fork.id, "/data/marker"))
             assert marker == b"from the checkpoint"
     finally:
         for fork in forks:
             if isinstance(fork, Session):
-                run(rt.remove(fork.id))
+                asyncio.run(rt.remove(fork.id))
     [left] = rt.warm.rows.all()
-    run(rt.remove_checkpoint(checkpoint.id))  # its RAM file goes: so does its warm VM
+    asyncio.run(rt.remove_checkpoint(checkpoint.id))  # its RAM file goes: so does its warm VM
     assert rt.warm.rows.all() == []
     assert not _alive(rt, left.id, left.qemu_pid)
     assert new_problems(rt, before) == []

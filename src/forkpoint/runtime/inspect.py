@@ -16,7 +16,6 @@ from forkpoint.vm.egress import EgressPolicy
 
 from .diffs import ScanCache, compare, exclusions, parse_scan, patch_candidates, unified_patch
 from .lineage import rollback_target
-from .manifest import Manifest
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -122,14 +121,11 @@ class _Side:
 async def _scratch_fork(runtime: Runtime, checkpoint_id: str) -> str:
     """A session restored from the checkpoint to look at: no network, no ports."""
     record = await asyncio.to_thread(runtime.store.get_checkpoint, checkpoint_id)
-    manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
-    image, shape = await asyncio.to_thread(
-        runtime._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
-    )
+    target = await runtime._fork_target(record, None)
     session = await runtime._start_session(
         record,
-        image,
-        shape,
+        target.image,
+        target.shape,
         name=None,
         guest_ports=(),
         network=Network.NONE,

@@ -263,6 +263,7 @@ class Runtime(Queries):
                 f"({img.recipe.disk_size >> 20} MiB): disks only grow"
             )
         template = await self._templates.get(img, shape)
+        await asyncio.to_thread(self._manifest, template.id, shape)
         target = WarmTarget(template, img, shape, request.network, request.ports)
         warm = await asyncio.to_thread(self.warm.take, target)  # any started ahead
         warm_size = host_limits().warm_vms
@@ -368,14 +369,10 @@ class Runtime(Queries):
         disk_mib: int | None = None,
         warm: WarmRecord | None = None,
     ) -> Session:
-        """``warm``: a warm VM taken for this create; it becomes the session (its id,
-        uid and QEMU), or is discarded if the session cannot be made."""
-        try:
-            await asyncio.to_thread(self._manifest, checkpoint.id, shape)
-        except BaseException:
-            if warm is not None:
-                await asyncio.to_thread(self.warm.discard, warm)
-            raise
+        """Restore ``checkpoint`` as a new session; the caller has checked its manifest
+        for ``shape`` (:meth:`_manifest`). ``warm``: a warm VM taken for this create; it
+        becomes the session (its id, uid and QEMU), or is discarded if the session cannot
+        be made."""
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
         fresh = SessionRecord.new(
@@ -711,7 +708,6 @@ class Runtime(Queries):
         parse(ForkRequest, count=count)
         record, source = await asyncio.to_thread(self._fork_source, checkpoint)
         await asyncio.to_thread(self._require_room, count)
-        manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
         target = await self._fork_target(record, source)
         egress = policy_of(source).to_json() if source else {}
         together = ResumeTogether(count)
@@ -721,7 +717,7 @@ class Runtime(Queries):
             async with together.member() as loaded:
                 return await self._start_session(
                     record, target.image, target.shape, name=None,
-                    guest_ports=manifest.ports, network=target.network, egress=egress,
+                    guest_ports=target.guest_ports, network=target.network, egress=egress,
                     loaded=loaded, warm=warm,
                     disk_mib=source.disk_mib if source else None,  # its disk is that size
                 )  # fmt: skip
@@ -741,9 +737,10 @@ class Runtime(Queries):
     async def _fork_target(
         self, record: CheckpointRecord, source: SessionRecord | None
     ) -> WarmTarget:
-        """What forks of ``record`` start: its image, machine shape and network (the
-        session it was taken of, if that still exists, else ``user``).
-        :raises IncompatibleCheckpoint: it was made by another QEMU build or shape."""
+        """What forks of ``record`` start: its image, machine shape, network (the
+        session it was taken of, if that still exists, else ``user``) and forwarded ports.
+        :raises IncompatibleCheckpoint: it was made by another QEMU build or shape;
+        :raises DamagedCheckpoint:"""
         manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
         image, shape = await asyncio.to_thread(
             self._machine, record.image_hash, manifest.shape.memory_mib, manifest.shape.cpus
