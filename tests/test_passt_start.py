@@ -12,7 +12,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,10 +22,26 @@ from forkpoint.runtime import Runtime
 from forkpoint.runtime.machines import SESSIONLESS
 from forkpoint.vm import VmFiles
 from forkpoint.vm.jail import jails_processes
-from forkpoint.vm.net import passt_log, remove_passt_log, start_passt, wait_passt_ready
+from forkpoint.vm.net import (
+    passt_log,
+    passt_ready,
+    remove_passt_log,
+    start_passt,
+    wait_passt_ready,
+)
 from forkpoint.vm.process import is_running, pids_with_arg
 
 needs_passt = pytest.mark.skipif(shutil.which("passt") is None, reason="needs passt")
+
+
+def _wait_on_loop(files: VmFiles, pid: int) -> None:
+    asyncio.run(passt_ready(files, pid))
+
+
+# The blocking wait (port changes, from a worker thread) and the event loop's (restores).
+WAITS = pytest.mark.parametrize(
+    "wait", [wait_passt_ready, _wait_on_loop], ids=["blocking", "event-loop"]
+)
 
 
 @pytest.fixture
@@ -43,7 +59,10 @@ def vm_files(tmp_path: Path) -> Iterator[VmFiles]:
 
 @pytest.mark.smoke
 @needs_passt
-def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: VmFiles) -> None:
+@WAITS
+def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(
+    vm_files: VmFiles, wait: Callable[[VmFiles, int], None]
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -51,7 +70,7 @@ def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: 
         started = time.monotonic()
         pid = start_passt(vm_files, [(port, 8000)], SESSIONLESS)
         with pytest.raises(QemuError) as raised:
-            wait_passt_ready(vm_files, pid)
+            wait(vm_files, pid)
         elapsed = time.monotonic() - started
     assert elapsed < 5
     message = raised.value.message
@@ -63,10 +82,13 @@ def test_passt_whose_forward_port_is_taken_fails_fast_with_its_reason(vm_files: 
 
 @pytest.mark.smoke
 @needs_passt
-def test_passt_that_starts_is_ready_and_logs_outside_forkpoint_home(vm_files: VmFiles) -> None:
+@WAITS
+def test_passt_that_starts_is_ready_and_logs_outside_forkpoint_home(
+    vm_files: VmFiles, wait: Callable[[VmFiles, int], None]
+) -> None:
     pid = start_passt(vm_files, [], SESSIONLESS)
     try:
-        wait_passt_ready(vm_files, pid)
+        wait(vm_files, pid)
         assert is_running(pid, vm_files.name)
         if jails_processes():  # as the VM's own uid, not root (nor nobody)
             assert f"\nUid:\t{SESSIONLESS.uid}\t" in Path(f"/proc/{pid}/status").read_text()

@@ -39,8 +39,10 @@ def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
     import asyncio
 
     from forkpoint.runtime import Runtime
+    from forkpoint.threads import use_fan_out_pool
 
     async def main() -> T:
+        use_fan_out_pool()
         runtime = Runtime.open()
         try:
             await asyncio.to_thread(runtime.upkeep)

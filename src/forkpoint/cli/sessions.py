@@ -211,16 +211,21 @@ def rm_command(
     sessions: Annotated[list[str], typer.Argument(help="Session ids or names.")],
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Remove sessions: kill their VMs and delete their files.
+    """Remove sessions: kill their VMs and delete their files, side by side.
 
     Every id is looked up first: if one is unknown, nothing is removed.
     """
 
     async def op(runtime: Runtime) -> list[str]:
-        ids = [runtime.get(s).id for s in sessions]  # NotFound before anything changes
-        for session_id in dict.fromkeys(ids):
-            await runtime.remove(session_id)
-        return list(dict.fromkeys(ids))
+        import asyncio
+
+        # NotFound before anything changes; then all at once (their QEMUs exit together).
+        ids = list(dict.fromkeys(runtime.get(s).id for s in sessions))
+        results = await asyncio.gather(*map(runtime.remove, ids), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return ids
 
     with Timer() as timer:
         removed = run(op)

@@ -13,6 +13,7 @@ import uvicorn
 
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.reaper import upkeep_forever
+from forkpoint.threads import use_fan_out_pool
 
 from .app import create_e2b_app
 from .proxy import SandboxProxy
@@ -52,6 +53,7 @@ async def run_gateway(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set."""
+    use_fan_out_pool()
     sandboxes = Sandboxes(runtime, config)
     app = create_e2b_app(sandboxes, token)
     server = uvicorn.Server(

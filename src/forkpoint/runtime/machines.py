@@ -34,7 +34,7 @@ from forkpoint.vm import (
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
-from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
+from forkpoint.vm.net import passt_ready, start_passt, stop_passt
 from forkpoint.vm.process import is_running
 
 from .cleanup import kill_vm_processes
@@ -249,13 +249,19 @@ async def start_restored(
             await asyncio.to_thread(report_not_enforced, home, cgroup.not_enforced)
         if filtering is not None:
             await filtering
+        starting = passt_pid if warm is None else None  # a passt started with this restore
         if loaded is not None:
+            # A fan-out's guests wake together and starve the passts still starting (fork
+            # x100: the last ready 6 s after its guest ran): each waits for its own first.
+            if starting is not None:
+                await passt_ready(files, starting)
+                starting = None
             await loaded()
         await machine.run()
         faults.point("restore.running")
         await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
-        if passt_pid is not None and warm is None:  # last: its start-up overlaps the load
-            await asyncio.to_thread(wait_passt_ready, files, passt_pid)
+        if starting is not None:  # last: its start-up overlaps the load
+            await passt_ready(files, starting)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if filtering is not None:  # its rules stay: harmless, replaced by the next install

@@ -37,7 +37,7 @@ from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
-from forkpoint.vm.net import start_passt, wait_passt_ready
+from forkpoint.vm.net import passt_ready, start_passt
 from forkpoint.vm.process import is_running
 
 from .cleanup import kill_vm_processes, remove_session_files
@@ -163,7 +163,7 @@ class WarmPool:
             finally:
                 await machine.close()
             if passt_pid is not None:
-                await asyncio.to_thread(wait_passt_ready, files, passt_pid)
+                await passt_ready(files, passt_pid)
             await asyncio.to_thread(self.rows.set_started, record.id, machine.pid, passt_pid)
         except BaseException:
             self.rows.remove(record.id)

@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from forkpoint.errors import Conflict, InvalidInput
+from forkpoint.threads import use_fan_out_pool
 
 __all__ = [
     "bind_tcp",
@@ -123,6 +124,7 @@ def serve_on(
     server = uvicorn.Server(config)
 
     async def serve() -> None:
+        use_fan_out_pool()
         task = asyncio.create_task(beside()) if beside is not None else None
         try:
             await server.serve(sockets=[sock])

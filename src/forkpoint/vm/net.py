@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from forkpoint.errors import QemuError
+from forkpoint.polling import poll_until, poll_until_sync
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.logcap import PASST_LOG_BYTES
@@ -41,6 +42,7 @@ __all__ = [
     "GATEWAY",
     "GUEST_ADDRESS",
     "passt_log",
+    "passt_ready",
     "remove_passt_log",
     "start_passt",
     "stop_passt",
@@ -55,6 +57,7 @@ _CONNECT_TIMEOUT_S = 10.0
 # wait more than 4 s (bench). A passt that cannot start exits at once instead: only a
 # slow start ever waits this long.
 _READY_TIMEOUT_S = 30.0
+_READY_MAX_POLL_S = 0.02  # checks every 2 ms at first, backing off to this
 # Not $TMPDIR: the AppArmor profile names /tmp itself.
 _LOG_ROOT = Path("/tmp")
 _TIMESTAMP = re.compile(r"^\d+\.\d+:\s*")
@@ -135,24 +138,46 @@ def wait_passt_ready(files: VmFiles, pid: int, timeout_s: float = _READY_TIMEOUT
     the forwards and entering its namespaces), so ``Seccomp: 2`` in its status is ready.
     :raises QemuError: passt exited, or was not ready within ``timeout_s`` (then killed).
     """
-    deadline = time.monotonic() + timeout_s
-    status_file = Path(f"/proc/{pid}/status")
-    while True:
-        try:
-            status = status_file.read_text()
-        except OSError:
-            status = ""
-        if "\nSeccomp:\t2" in status and "\nState:\tZ" not in status:
-            return
-        if not status or "\nState:\tZ" in status:
-            how = exit_status(pid)  # reaps it
-            raise QemuError(f"{files.name}: passt exited at start-up ({how}): {_reason(files)}")
-        if time.monotonic() > deadline:
-            stop_passt(files, pid)
-            raise QemuError(
-                f"{files.name}: passt did not start within {timeout_s:g} s: {_reason(files)}"
-            )
-        time.sleep(0.002)
+    poll_until_sync(
+        lambda: _ready(files, pid),
+        timeout_s=timeout_s,
+        timed_out=lambda: _not_started(files, pid, timeout_s),
+        max_interval_s=_READY_MAX_POLL_S,
+    )
+
+
+async def passt_ready(files: VmFiles, pid: int, timeout_s: float = _READY_TIMEOUT_S) -> None:
+    """:func:`wait_passt_ready` on the event loop: a fan-out's hundred waits hold no
+    worker threads (each check is one read of ``/proc``)."""
+
+    async def check() -> bool | None:
+        return _ready(files, pid)
+
+    await poll_until(
+        check,
+        timeout_s=timeout_s,
+        timed_out=lambda: _not_started(files, pid, timeout_s),
+        max_interval_s=_READY_MAX_POLL_S,
+    )
+
+
+def _ready(files: VmFiles, pid: int) -> bool | None:
+    """True once passt serves, None while it starts. :raises QemuError: it exited."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        status = ""
+    if "\nSeccomp:\t2" in status and "\nState:\tZ" not in status:
+        return True
+    if not status or "\nState:\tZ" in status:
+        how = exit_status(pid)  # reaps it
+        raise QemuError(f"{files.name}: passt exited at start-up ({how}): {_reason(files)}")
+    return None
+
+
+def _not_started(files: VmFiles, pid: int, timeout_s: float) -> QemuError:
+    stop_passt(files, pid)
+    return QemuError(f"{files.name}: passt did not start within {timeout_s:g} s: {_reason(files)}")
 
 
 def _reason(files: VmFiles) -> str:
