@@ -22,6 +22,7 @@ from forkpoint.cli._run import (
 )
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.core import get_session, list_sessions
+from forkpoint.cli.options import CpusOption, ImageOption, MemoryOption, NetworkOption
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
 from forkpoint.errors import InvalidInput
@@ -45,9 +46,9 @@ def register(app: typer.Typer) -> None:
 
 @reports_errors
 def create_command(
-    image: Annotated[str, typer.Option("--image", help="Image name (see `image ls`).")] = "default",
-    memory: Annotated[int, typer.Option("--memory", help="Guest RAM, MiB.")] = 512,
-    cpus: Annotated[int, typer.Option("--cpus", help="Virtual CPUs.")] = 1,
+    image: ImageOption = "default",
+    memory: MemoryOption = 512,
+    cpus: CpusOption = 1,
     name: Annotated[
         str | None, typer.Option("--name", help="A name to use instead of the id.")
     ] = None,
@@ -55,9 +56,7 @@ def create_command(
         list[int] | None,
         typer.Option("--port", help="Guest port to forward to 127.0.0.1 (repeatable)."),
     ] = None,
-    network: Annotated[
-        str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
-    ] = "user",
+    network: NetworkOption = "user",
     allow_net: Annotated[
         list[str] | None,
         typer.Option(

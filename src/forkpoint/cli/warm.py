@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from forkpoint.cli._run import print_table, run, short_time, spinner
+from forkpoint.cli.options import CpusOption, ImageOption, MemoryOption, NetworkOption
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
 from forkpoint.errors import ForkpointError, InvalidInput
 
@@ -27,10 +28,10 @@ def register(app: typer.Typer) -> None:
 
 @reports_errors
 def warm_command(
-    image: Annotated[str, typer.Option("--image", help="Image name (see `image ls`).")] = "default",
-    memory: Annotated[int, typer.Option("--memory", help="Guest RAM, MiB.")] = 512,
-    cpus: Annotated[int, typer.Option("--cpus", help="Virtual CPUs.")] = 1,
-    network: Annotated[str, typer.Option("--network", help="'user' or 'none'.")] = "user",
+    image: ImageOption = "default",
+    memory: MemoryOption = 512,
+    cpus: CpusOption = 1,
+    network: NetworkOption = "user",
     port: Annotated[
         list[int] | None,
         typer.Option("--port", help="Guest port creates forward (repeatable), as `create`'s."),

@@ -57,7 +57,7 @@ _CONNECT_TIMEOUT_S = 10.0
 # wait more than 4 s (bench). A passt that cannot start exits at once instead: only a
 # slow start ever waits this long.
 _READY_TIMEOUT_S = 30.0
-_READY_MAX_POLL_S = 0.02  # checks every 2 ms at first, backing off to this
+_READY_MAX_POLL_S = 0.005  # checks every 2 ms at first, backing off to this
 # Not $TMPDIR: the AppArmor profile names /tmp itself.
 _LOG_ROOT = Path("/tmp")
 _TIMESTAMP = re.compile(r"^\d+\.\d+:\s*")
