@@ -263,3 +263,32 @@ def test_a_rollback_killed_while_it_loads_its_standby_leaves_nothing_behind(
     finally:
         cli("rm", session)
         runtime.close()
+
+
+@pytest.mark.parametrize("crash_at", ["standby.reserved", "standby.qemu-started"])
+def test_a_standby_whose_start_was_killed_is_discarded_by_the_next_command(
+    crash_at: str,
+) -> None:
+    """forkpoint SIGKILLed while it starts a standby, after the checkpoint was printed:
+    the checkpoint stands, and the next command's upkeep kills the unrecorded QEMU."""
+    sweep = {GRACE_ENV: "0"}  # the half-made standby's layer is swept at once
+    runtime = Runtime.open()
+    before = check_home(runtime.home, runtime.store)
+    session = _cli_json("create")["id"]
+    try:
+        crashed = _cli("checkpoint", session, FORKPOINT_CRASH_AT=crash_at, **sweep)
+        assert crashed.returncode == -signal.SIGKILL
+        checkpoint = json.loads(crashed.stdout)["id"]  # printed before the standby started
+        assert runtime.store.get_checkpoint(checkpoint).session_id == session
+        row = runtime.standbys.rows.get(session)
+        assert row is not None and row.qemu_pid is None  # started (maybe), never recorded
+        assert _cli("ls", **sweep).returncode == 0
+        assert runtime.standbys.rows.get(session) is None
+        assert _processes_of(runtime, session) == {runtime.store.get_session(session).qemu_pid}
+        assert new_problems(runtime, before) == []
+        rolled = _cli("rollback", session, checkpoint, **sweep)
+        assert rolled.returncode == 0, rolled.stderr
+        assert _standby(runtime, session).checkpoint_id == checkpoint  # prepared again
+    finally:
+        _cli("rm", session)
+        runtime.close()

@@ -24,12 +24,15 @@ and when its checkpoint is removed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
+from forkpoint import faults
 from forkpoint.config import Home
+from forkpoint.errors import Conflict
 from forkpoint.images import Image
 from forkpoint.models import Network
-from forkpoint.store import CheckpointRecord, SessionRecord, Store
+from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.store.standby import StandbyRecord, StandbyStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
@@ -84,6 +87,7 @@ class Standbys:
         tag = f"s{secrets.token_hex(2)}"
         layer = new_layer_name()
         await asyncio.to_thread(self.rows.reserve, session.id, target.id, key, tag, layer)
+        faults.point("standby.reserved")
         files = vm_files(self.home, session.id).standby(tag)
         layers = self.home.layers
         try:
@@ -98,6 +102,7 @@ class Standbys:
                 ram=CheckpointFiles.of(self.home, target.id).ram,
             )  # fmt: skip
             await machine.close()
+            faults.point("standby.qemu-started")
             started = await asyncio.to_thread(self.rows.set_started, session.id, tag, machine.pid)
         except BaseException:
             await asyncio.to_thread(self.rows.remove, session.id, tag)
@@ -129,6 +134,19 @@ class Standbys:
         for record in self.rows.all():
             if record.checkpoint_id not in checkpoint_ids:
                 self.drop(record.session_id)
+
+    def discard_dead(self) -> None:
+        """Discard the standbys whose QEMU is gone or was never recorded (forkpoint was
+        killed while it started one, which may live on, paused), but not one starting
+        right now: its session's lock is held then."""
+        for record in self.rows.all():
+            if self._alive(record):
+                continue
+            with contextlib.suppress(Conflict):
+                with session_lock(self.home, record.session_id, timeout_s=0):
+                    current = self.rows.get(record.session_id)
+                    if current is not None and current.tag == record.tag:
+                        self.drop(record.session_id)
 
     def discard(self, record: StandbyRecord) -> None:
         """Kill a standby out of the store and delete its files and layer."""

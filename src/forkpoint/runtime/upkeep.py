@@ -1,5 +1,6 @@
 """What every CLI call and the server's reaper (:mod:`.reaper`) do first: end sessions
-past their timeout and keep each running session's QEMU log under its cap.
+past their timeout, keep each running session's QEMU log under its cap and discard the
+rollback standbys a killed forkpoint left half-started.
 
 An expired session is *removed* (E2B's "killed"): its VM, files and port forwards go, its
 checkpoints stay (they outlive sessions anyway). Cheap when nothing is due — one store
@@ -44,7 +45,19 @@ def upkeep(queries: Queries) -> list[str]:
             expired.append(record.id)
         elif record.state == SessionState.RUNNING:
             trim_log(queries.files(record.id).qemu_log)
-    return [session_id for session_id in expired if _remove_expired(queries, session_id, now)]
+    removed = [session_id for session_id in expired if _remove_expired(queries, session_id, now)]
+    _discard_dead_standbys(queries)
+    return removed
+
+
+def _discard_dead_standbys(queries: Queries) -> None:
+    """Rollback standbys a killed forkpoint left half-started (see :mod:`.standby`)."""
+    from forkpoint.store.standby import StandbyStore
+
+    if any(row.qemu_pid is None for row in StandbyStore(queries.store).all()):
+        from .standby import Standbys  # rare: QEMU's modules are not loaded by every query
+
+        Standbys(queries.home, queries.store).discard_dead()
 
 
 def _remove_expired(queries: Queries, session_id: str, now: str) -> bool:
