@@ -3,8 +3,8 @@ past their timeout, keep each running session's QEMU log under its cap and disca
 rollback standbys a killed forkpoint left half-started.
 
 An expired session is *removed* (E2B's "killed"): its VM, files and port forwards go, its
-checkpoints stay (they outlive sessions anyway). Cheap when nothing is due — one store
-read and a ``stat`` per running session — so ``forkpoint ls`` can afford it.
+checkpoints stay (they outlive sessions anyway). Cheap when nothing is due — two store
+reads and a ``stat`` per running session — so ``forkpoint ls`` can afford it.
 """
 
 from __future__ import annotations
@@ -51,13 +51,15 @@ def upkeep(queries: Queries) -> list[str]:
 
 
 def _discard_dead_standbys(queries: Queries) -> None:
-    """Rollback standbys a killed forkpoint left half-started (see :mod:`.standby`)."""
+    """Rollback standbys a killed forkpoint left half-started (see :mod:`.standby`); a
+    failure leaves them for the next round, as for expired sessions."""
     from forkpoint.store.standby import StandbyStore
 
     if any(row.qemu_pid is None for row in StandbyStore(queries.store).all()):
         from .standby import Standbys  # rare: QEMU's modules are not loaded by every query
 
-        Standbys(queries.home, queries.store).discard_dead()
+        with contextlib.suppress(ForkpointError, OSError):
+            Standbys(queries.home, queries.store).discard_dead()
 
 
 def _remove_expired(queries: Queries, session_id: str, now: str) -> bool:
