@@ -16,6 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "config": set(),
     "polling": set(),
+    "threads": set(),  # the worker pool of the loops forkpoint runs (cli, server, e2b)
     "models": {"protocol"},
     "requests": {"models", "errors"},
     "faults": set(),
@@ -40,9 +41,18 @@ ALLOWED: dict[str, set[str]] = {
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
     "sdk": {"models", "runtime", "server", "protocol", "errors", "config"},
     # browser: the web page's screenshot thumbnails (server/ui.py), imported when asked
-    "server": {"models", "requests", "runtime", "protocol", "errors", "config", "browser"},
+    "server": {
+        "models",
+        "requests",
+        "runtime",
+        "protocol",
+        "errors",
+        "config",
+        "browser",
+        "threads",
+    },
     # the E2B gateway: like server, plus its own table in the store (store/e2b.py)
-    "e2b": {"models", "requests", "runtime", "store", "errors", "config"},
+    "e2b": {"models", "requests", "runtime", "store", "errors", "config", "threads"},
     "mcp": {"models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors", "config"},
     "demo": {"models", "runtime", "sdk", "browser", "agent_client", "protocol", "errors", "config"},
     "bench": {
