@@ -203,6 +203,15 @@ def test_oversized_json_is_413(unix_server: Served) -> None:
         ("/v1/checkpoints/x/fork", {"count": 0}),
         ("/v1/sessions/x/exec", {"command": []}),
         ("/v1/sessions/x/exec", {"command": "true", "timeout": -1}),
+        # JSON's true is no number and 1 no flag (pydantic's lax mode took both; the API
+        # fuzzer found {"timeout_s": true} answered 200)
+        ("/v1/sessions/x/timeout", {"timeout_s": True}),
+        ("/v1/sessions/x/ports", {"guest_port": True}),
+        ("/v1/sessions", {"memory_mib": True}),
+        ("/v1/sessions", {"memory_mib": "512"}),
+        ("/v1/sessions", {"history": 1}),
+        ("/v1/checkpoints/x/fork", {"count": True}),
+        ("/v1/sessions/x/undo", {"steps": True}),
     ],
 )
 def test_bad_input_is_422(unix_server: Served, url: str, body: dict[str, object]) -> None:

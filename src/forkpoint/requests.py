@@ -68,16 +68,22 @@ __all__ = [
     "parse",
 ]
 
-GuestPort = Annotated[int, Field(ge=1, le=65535, description="A TCP port inside the guest.")]
-MemoryMiB = Annotated[
-    int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB.")
+# Numbers and flags are strict: pydantic's lax mode would take `true` for 1 and "yes" for
+# true, which the schema says are wrong (the API fuzzer sent {"timeout_s": true}).
+Flag = Annotated[bool, Field(strict=True)]
+GuestPort = Annotated[
+    int, Field(strict=True, ge=1, le=65535, description="A TCP port inside the guest.")
 ]
-Cpus = Annotated[int, Field(ge=1, le=MAX_CPUS, description="Virtual CPUs.")]
+MemoryMiB = Annotated[
+    int,
+    Field(strict=True, ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB."),
+]
+Cpus = Annotated[int, Field(strict=True, ge=1, le=MAX_CPUS, description="Virtual CPUs.")]
 TimeoutS = Annotated[
     float,
-    Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
+    Field(strict=True, gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
 ]
-ForkCount = Annotated[int, Field(ge=1, le=MAX_FORKS, description="Sessions to start.")]
+ForkCount = Annotated[int, Field(strict=True, ge=1, le=MAX_FORKS, description="Sessions to start.")]
 Name = Annotated[
     str,
     StringConstraints(pattern=NAME_PATTERN),
@@ -201,9 +207,9 @@ class CreateSessionRequest(_Request):
         default=(), description="CIDRs the guest may not reach, on top of the default denies."
     )
     timeout_s: TimeoutS | None = None
-    disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB)] | None = None
-    history: bool = False  # a checkpoint before every exec and file write (undo)
-    history_keep: Annotated[int, Field(ge=1, le=1000)] = 20  # automatic checkpoints kept
+    disk_mib: Annotated[int, Field(strict=True, ge=1, le=MAX_DISK_MIB)] | None = None
+    history: Flag = False  # a checkpoint before every exec and file write (undo)
+    history_keep: Annotated[int, Field(strict=True, ge=1, le=1000)] = 20  # automatic ones kept
 
 
 class TimeoutRequest(_Request):
@@ -239,7 +245,9 @@ class ForegroundExecRequest(_ExecBase):
     background: Literal[False] = False
     stdin: Annotated[str, StringConstraints(max_length=16 << 20)] | None = None
     stdin_encoding: OutputEncoding = "text"
-    timeout: Annotated[float, Field(gt=0, le=7 * 86400, description="Seconds.")] | None = None
+    timeout: (
+        Annotated[float, Field(strict=True, gt=0, le=7 * 86400, description="Seconds.")] | None
+    ) = None
     output_encoding: OutputEncoding = Field(
         default="text", description="How stdout/stderr are returned: UTF-8 text (lossy) or base64."
     )
@@ -331,7 +339,7 @@ class RollbackPreviewRequest(_Request):
     """What ``rollback`` to ``checkpoint`` would undo (``patch``: small text diffs)."""
 
     checkpoint: Ref | None = None
-    patch: bool = False
+    patch: Flag = False
 
 
 class DiffRequest(_Request):
@@ -339,13 +347,13 @@ class DiffRequest(_Request):
 
     a: Ref
     b: Ref | None = None
-    patch: bool = False
-    include_tmp: bool = False
+    patch: Flag = False
+    include_tmp: Flag = False
     exclude: Annotated[tuple[GuestPath, ...], Field(max_length=64)] = ()
 
 
 class UndoRequest(_Request):
-    steps: Annotated[int, Field(ge=1, le=1000)] = 1
+    steps: Annotated[int, Field(strict=True, ge=1, le=1000)] = 1
 
 
 M = TypeVar("M", bound=BaseModel)
