@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -26,6 +27,7 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
@@ -68,22 +70,36 @@ __all__ = [
     "parse",
 ]
 
-# Numbers and flags are strict: pydantic's lax mode would take `true` for 1 and "yes" for
-# true, which the schema says are wrong (the API fuzzer sent {"timeout_s": true}).
+
+# Numbers and flags as JSON Schema means them: pydantic's lax mode would take `true` for 1,
+# "5" for 5 and "yes" for true (the API fuzzer's {"timeout_s": true} was answered 200),
+# its strict mode would refuse 2.0, which JSON Schema counts as an integer.
+def _json_integer(value: object) -> object:
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# After the constraints: before them, pydantic's schema would say "ge", not "minimum".
+_JSON_INTEGER = BeforeValidator(_json_integer)
+Number = Annotated[float, Field(strict=True)]  # strict floats take ints, not bools or strings
 Flag = Annotated[bool, Field(strict=True)]
 GuestPort = Annotated[
-    int, Field(strict=True, ge=1, le=65535, description="A TCP port inside the guest.")
+    int, Field(ge=1, le=65535, description="A TCP port inside the guest."), _JSON_INTEGER
 ]
 MemoryMiB = Annotated[
     int,
-    Field(strict=True, ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB."),
+    Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description="Guest RAM in MiB."),
+    _JSON_INTEGER,
 ]
-Cpus = Annotated[int, Field(strict=True, ge=1, le=MAX_CPUS, description="Virtual CPUs.")]
+Cpus = Annotated[int, Field(ge=1, le=MAX_CPUS, description="Virtual CPUs."), _JSON_INTEGER]
 TimeoutS = Annotated[
-    float,
-    Field(strict=True, gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
+    Number,
+    Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds until the session is removed."),
 ]
-ForkCount = Annotated[int, Field(strict=True, ge=1, le=MAX_FORKS, description="Sessions to start.")]
+ForkCount = Annotated[
+    int, Field(ge=1, le=MAX_FORKS, description="Sessions to start."), _JSON_INTEGER
+]
 Name = Annotated[
     str,
     StringConstraints(pattern=NAME_PATTERN),
@@ -207,9 +223,9 @@ class CreateSessionRequest(_Request):
         default=(), description="CIDRs the guest may not reach, on top of the default denies."
     )
     timeout_s: TimeoutS | None = None
-    disk_mib: Annotated[int, Field(strict=True, ge=1, le=MAX_DISK_MIB)] | None = None
+    disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB), _JSON_INTEGER] | None = None
     history: Flag = False  # a checkpoint before every exec and file write (undo)
-    history_keep: Annotated[int, Field(strict=True, ge=1, le=1000)] = 20  # automatic ones kept
+    history_keep: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 20  # automatic ones kept
 
 
 class TimeoutRequest(_Request):
@@ -245,9 +261,7 @@ class ForegroundExecRequest(_ExecBase):
     background: Literal[False] = False
     stdin: Annotated[str, StringConstraints(max_length=16 << 20)] | None = None
     stdin_encoding: OutputEncoding = "text"
-    timeout: (
-        Annotated[float, Field(strict=True, gt=0, le=7 * 86400, description="Seconds.")] | None
-    ) = None
+    timeout: Annotated[Number, Field(gt=0, le=7 * 86400, description="Seconds.")] | None = None
     output_encoding: OutputEncoding = Field(
         default="text", description="How stdout/stderr are returned: UTF-8 text (lossy) or base64."
     )
@@ -353,7 +367,7 @@ class DiffRequest(_Request):
 
 
 class UndoRequest(_Request):
-    steps: Annotated[int, Field(strict=True, ge=1, le=1000)] = 1
+    steps: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 1
 
 
 M = TypeVar("M", bound=BaseModel)
