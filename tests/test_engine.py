@@ -191,8 +191,10 @@ def test_any_session_name_makes_a_valid_guest_hostname() -> None:
 def test_an_idle_guest_is_tickless(rt: Runtime, parent: Session) -> None:
     """No periodic 250 Hz tick while idle (the CPU has ARAT): a sleeping guest takes far
     fewer local timer interrupts than 250 a second."""
+    # Linux 6.9 turned the tick's `nohz_mode` (1: low-res, 2: high-res NOHZ) into a flag,
+    # printed as `nohz : 1`: Debian 12's kernel prints the first, Debian 13's the second.
     script = (
-        "grep -c 'nohz_mode *: [12]' /proc/timer_list; "
+        "grep -cE '[.]nohz_mode *: [12]|[.]nohz *: 1' /proc/timer_list; "
         "a=$(awk '/LOC:/{print $2}' /proc/interrupts); sleep 4; "
         "b=$(awk '/LOC:/{print $2}' /proc/interrupts); echo $((b - a))"
     )
@@ -374,9 +376,11 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
                         rt.checkpoint_files(str(record.parent_checkpoint)).ram,
                         tmp_path / "unused-ram",
                     )  # fmt: skip
-                # QEMU's own reason (the state file is handed over as a descriptor, which
-                # QEMU truncates first: /dev/full refuses that already)
-                assert "saving device state failed: Unable to open" in info.value.message
+                # forkpoint's sentence, then QEMU's own reason — whose wording is QEMU's and
+                # changes between releases (7.2: "Unable to open …", 10.0: "Failed to dup()
+                # given file descriptor …"), so only its presence is checked.
+                sentence, _, reason = info.value.message.partition("saving device state failed: ")
+                assert sentence and reason.strip(), info.value.message
                 assert await machine.status() == RunState.RUNNING
             finally:
                 await machine.close()

@@ -10,7 +10,8 @@ checked before forkpoint's own files go in (one clear error each, nothing cached
 
 podman builds with ``--isolation chroot``: its OCI runtime (crun) refuses hosts whose
 cgroups are half v1, half v2 (as here), and chroot isolation needs no cgroups at all.
-``--network host`` lets ``RUN`` reach package archives without a container network.
+``--network host`` lets ``RUN`` reach package archives without a container network;
+``--ulimit nofile`` keeps podman 5 from asking for more open files than this process may.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import collections
 import json
 import os
 import re
+import resource
 import shutil
 import struct
 import subprocess
@@ -185,6 +187,11 @@ def build_dockerfile(
     with tempfile.TemporaryDirectory(prefix="forkpoint-build-") as scratch:
         iidfile = Path(scratch) / "iid"
         argv = [podman, "build", "--isolation", "chroot", "--network", "host"]
+        # podman 5 raises each RUN step's open-file limit to 1,048,576 and fails where this
+        # process may not go that high: ask for the ceiling this process already has.
+        _, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if nofile != resource.RLIM_INFINITY:
+            argv += ["--ulimit", f"nofile={nofile}:{nofile}"]
         argv += ["--iidfile", str(iidfile), "-f", str(dockerfile.resolve())]
         argv += ["-t", f"localhost/forkpoint/{name.lower()}:latest"]
         for key, value in (build_args or {}).items():

@@ -33,7 +33,9 @@ __all__ = [
 #: Bump when the layout or build steps change in a way the other fields do not capture.
 FORMAT_VERSION = 2
 # sudo: the guest's ``user`` account (images/account.py) has passwordless sudo, as on E2B.
-DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps", "sudo")
+# e2fsprogs: ``resize2fs`` grows the root filesystem (``create --disk``); Debian 13's
+# minimal root no longer brings it.
+DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps", "sudo", "e2fsprogs")
 DEFAULT_KERNEL_PACKAGE = "linux-image-cloud-amd64"
 #: Size of the root filesystem in bytes (2 GiB).
 DEFAULT_DISK_SIZE = 2 * 1024**3

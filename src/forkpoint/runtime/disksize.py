@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from forkpoint.errors import InternalError, InvalidInput
+from forkpoint.errors import CommandNotFound, InternalError, InvalidInput
 from forkpoint.vm import Machine
 
 if TYPE_CHECKING:
@@ -43,11 +43,18 @@ async def grow_block_device(machine: Machine, disk_mib: int, *, at_create: bool)
 async def grow_filesystem(runtime: Runtime, session_id: str) -> None:
     """Grow the guest's root filesystem to its disk (online).
 
-    :raises InternalError: ``resize2fs`` failed (its last line says why).
+    :raises InternalError: ``resize2fs`` failed (its last line says why) or the image has
+        none (an OCI image without e2fsprogs).
     """
-    result = await runtime.exec(
-        session_id, ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S, user="root"
-    )
+    try:
+        result = await runtime.exec(
+            session_id, ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S, user="root"
+        )
+    except CommandNotFound as error:
+        raise InternalError(
+            "growing the guest's filesystem needs resize2fs in the image (install e2fsprogs "
+            f"in it): {error.message}"
+        ) from error
     if result.exit_code != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         reason = lines[-1] if lines else f"exit code {result.exit_code}"
