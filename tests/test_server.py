@@ -22,6 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from forkpoint.errors import InvalidInput
+from forkpoint.store import validate_name
+
 FORKPOINT = Path(sys.executable).with_name("forkpoint")
 
 
@@ -212,6 +215,9 @@ def test_oversized_json_is_413(unix_server: Served) -> None:
         ("/v1/sessions", {"history": 1}),
         ("/v1/checkpoints/x/fork", {"count": True}),
         ("/v1/sessions/x/undo", {"steps": True}),
+        # a flag is a JSON boolean in the exec union too (the fuzzer's {"background": 0})
+        ("/v1/sessions/x/exec", {"command": "true", "background": 0}),
+        ("/v1/sessions/x/exec", {"command": "true", "background": 1}),
     ],
 )
 def test_bad_input_is_422(unix_server: Served, url: str, body: dict[str, object]) -> None:
@@ -224,6 +230,21 @@ def test_create_without_image_is_404(unix_server: Served) -> None:
     response = unix_server.client.post("/v1/sessions", json={"image": "nothing-here"})
     assert response.status_code == 404
     assert "forkpoint image build" in _error(response)["message"]
+
+
+def test_pull_is_no_checkpoint_id(unix_server: Served) -> None:
+    """``/v1/checkpoints/pull`` is pull's route alone: the checkpoint routes do not take
+    ``pull`` as an id (the API fuzzer saw OPTIONS answer "Allow: DELETE, GET, POST")."""
+    for method in ("OPTIONS", "GET", "DELETE"):
+        response = unix_server.client.request(method, "/v1/checkpoints/pull")
+        assert response.status_code == 405, (method, response.text)
+        assert response.headers["allow"] == "POST"
+    spec = unix_server.client.get("/v1/openapi.json").json()
+    assert set(spec["paths"]["/v1/checkpoints/{checkpoint_id}"]) == {"get", "delete"}
+    # and so no checkpoint may be named so
+    with pytest.raises(InvalidInput, match="reserved"):
+        validate_name("pull", "checkpoint")
+    assert validate_name("pull", "session") == "pull"
 
 
 def test_openapi_is_served(unix_server: Served) -> None:

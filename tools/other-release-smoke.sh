@@ -24,6 +24,8 @@ if [ "${1:-}" = "--in-namespace" ]; then
   mount --bind "$root" "$root"
   mount -t proc proc "$root/proc"
   mount -t sysfs sysfs "$root/sys"
+  # The host's cgroup mounts, so the cgroup limits are tested in this release too.
+  if mountpoint -q /sys/fs/cgroup; then mount --rbind /sys/fs/cgroup "$root/sys/fs/cgroup"; fi
   mount --rbind /dev "$root/dev" # /dev/kvm, /dev/net/tun, /dev/pts, /dev/shm
   mount -t tmpfs -o mode=1777 tmpfs "$root/tmp" # as on Debian 13: /tmp is RAM-backed
   mount -t tmpfs -o mode=755 tmpfs "$root/run"

@@ -82,6 +82,17 @@ def _json_integer(value: object) -> object:
 
 # After the constraints: before them, pydantic's schema would say "ge", not "minimum".
 _JSON_INTEGER = BeforeValidator(_json_integer)
+
+
+def _json_flag(value: object) -> object:
+    # A Literal[True]/Literal[False] compares by ==, so it would take 1 and 0 (the API
+    # fuzzer's {"background": 0} was run as a foreground command).
+    if not isinstance(value, bool):
+        raise PydanticCustomError("bool_type", "Input should be a valid boolean")
+    return value
+
+
+_JSON_FLAG = BeforeValidator(_json_flag)
 Number = Annotated[float, Field(strict=True)]  # strict floats take ints, not bools or strings
 Flag = Annotated[bool, Field(strict=True)]
 GuestPort = Annotated[
@@ -258,7 +269,7 @@ class ForegroundExecRequest(_ExecBase):
         }
     )
 
-    background: Literal[False] = False
+    background: Annotated[Literal[False], _JSON_FLAG] = False
     stdin: Annotated[str, StringConstraints(max_length=16 << 20)] | None = None
     stdin_encoding: OutputEncoding = "text"
     timeout: Annotated[Number, Field(gt=0, le=7 * 86400, description="Seconds.")] | None = None
@@ -285,7 +296,7 @@ class ForegroundExecRequest(_ExecBase):
 class BackgroundExecRequest(_ExecBase):
     """Start ``command`` detached and answer at once (no stdin, no timeout)."""
 
-    background: Literal[True]
+    background: Annotated[Literal[True], _JSON_FLAG]
 
 
 def _exec_kind(value: Any) -> str:

@@ -96,6 +96,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "MIN_MEMORY_MIB",
     "NAME_PATTERN",
+    "RESERVED_CHECKPOINT_NAMES",
     "BackgroundProcess",
     "Checkpoint",
     "CheckpointKind",
@@ -147,6 +148,9 @@ JAIL_UIDS = 65_536
 JAIL_HOME_BLOCKS = 256
 SESSION_UIDS = range(JAIL_UID_BASE + JAIL_UIDS, JAIL_UID_BASE + (JAIL_HOME_BLOCKS + 1) * JAIL_UIDS)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+#: Names the REST API's checkpoint paths use themselves (``POST /v1/checkpoints/pull``):
+#: ``/v1/checkpoints/{checkpoint_id}`` does not match them, so no checkpoint takes them.
+RESERVED_CHECKPOINT_NAMES = frozenset({"pull"})
 ID_PATTERN = r"^[sc]-[0-9a-f]{10}$"  # names may not look like this (ids and names share refs)
 
 OutputEncoding = Literal["text", "base64"]

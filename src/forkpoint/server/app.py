@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
+from starlette.convertors import StringConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import Scope
@@ -34,6 +35,7 @@ from forkpoint import __version__
 from forkpoint.config import MAX_WAIT_S, ApiLimits
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
+    RESERVED_CHECKPOINT_NAMES,
     BackgroundProcess,
     Checkpoint,
     CheckpointTransfer,
@@ -163,6 +165,16 @@ _SIGNAL_PATTERN = (
     + "|".join(sorted({name.removeprefix("SIG") for name in signals.Signals.__members__}))
     + "))$"
 )
+
+
+class _CheckpointRef(StringConvertor):
+    """A checkpoint's path segment, but not a name the checkpoint routes use themselves:
+    ``/v1/checkpoints/pull`` is pull's alone (its OPTIONS and 405 answers allow POST only)."""
+
+    regex = "(?!(?:" + "|".join(sorted(RESERVED_CHECKPOINT_NAMES)) + ")$)[^/]+"
+
+
+register_url_convertor("checkpoint_ref", _CheckpointRef())
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -538,11 +550,11 @@ def _router(
     ) -> list[Checkpoint]:
         return await asyncio.to_thread(runtime.list_checkpoints, session)
 
-    @r.get("/checkpoints/{checkpoint_id}", tags=["checkpoints"])
+    @r.get("/checkpoints/{checkpoint_id:checkpoint_ref}", tags=["checkpoints"])
     async def get_checkpoint(checkpoint_id: CheckpointId) -> Checkpoint:
         return await asyncio.to_thread(runtime.get_checkpoint, checkpoint_id)
 
-    @r.delete("/checkpoints/{checkpoint_id}", status_code=204, tags=["checkpoints"])
+    @r.delete("/checkpoints/{checkpoint_id:checkpoint_ref}", status_code=204, tags=["checkpoints"])
     async def remove_checkpoint(checkpoint_id: CheckpointId) -> Response:
         await runtime.remove_checkpoint(checkpoint_id)
         return Response(status_code=204)

@@ -13,7 +13,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from forkpoint.errors import InvalidInput
-from forkpoint.models import ID_PATTERN, NAME_PATTERN, CheckpointKind, Network, SessionState
+from forkpoint.models import (
+    ID_PATTERN,
+    NAME_PATTERN,
+    RESERVED_CHECKPOINT_NAMES,
+    CheckpointKind,
+    Network,
+    SessionState,
+)
 
 __all__ = [
     "CheckpointKind",
@@ -66,6 +73,10 @@ def validate_name(name: str | None, what: str) -> str | None:
     """
     if name is None:
         return None
+    if what == "checkpoint" and name in RESERVED_CHECKPOINT_NAMES:
+        raise InvalidInput(
+            f"invalid checkpoint name {name!r}: reserved (/v1/checkpoints/{name} is a route)"
+        )
     if not isinstance(name, str) or not _NAME_RE.match(name) or _ID_RE.match(name):
         raise InvalidInput(
             f"invalid {what} name {name!r}: use 1-63 of [A-Za-z0-9._-], "
