@@ -375,7 +375,7 @@ def test_push_and_pull_through_the_sdk_and_mcp(
             assert theirs.id == ck.id
         with pytest.raises(ToolError, match="not_found: not in the store"):
             await build_server(host_d).call_tool(
-                "pull_checkpoint", {"ref": "sha256:" + "0" * 64, "source": url}
+                "pull_checkpoint", {"ref": "sha256:" + "0" * 64, "from": url}
             )
 
     try:

@@ -53,6 +53,7 @@ __all__ = [
     "ExecRequest",
     "ForegroundExecRequest",
     "ForkCount",
+    "Flag",
     "ForkRequest",
     "GuestPath",
     "GuestPort",
