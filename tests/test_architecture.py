@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
 from pathlib import Path
 
 import forkpoint
@@ -128,3 +130,173 @@ def test_guest_code_is_stdlib_only() -> None:
                 assert root == "forkpoint" or root in sys.stdlib_module_names, (
                     f"{path.relative_to(SRC)} imports non-stdlib {root}"
                 )
+
+
+# -- nothing blocks an event loop ------------------------------------------------------
+
+# What an ``async def`` may not call itself (awaited calls are coroutines and fine; work
+# handed to ``asyncio.to_thread``/the pool is passed, not called): the store (SQLite),
+# files and subprocesses.
+_BLOCKING_MODULE_CALLS = {
+    "subprocess": {"run", "check_output", "check_call", "call", "Popen"},
+    "time": {"sleep"},
+    "shutil": {"copy", "copy2", "copyfile", "copytree", "move", "rmtree"},
+    "os": {
+        "open", "read", "write", "remove", "unlink", "rename", "replace", "listdir",
+        "scandir", "makedirs", "mkdir", "rmdir", "truncate", "fsync", "walk",
+    },
+}  # fmt: skip
+_BLOCKING_METHODS = {
+    "read_text", "write_text", "read_bytes", "write_bytes", "unlink", "mkdir", "rmdir",
+    "iterdir", "glob", "rglob", "rename", "touch", "chmod", "stat", "exists", "is_file",
+    "is_dir", "symlink_to", "open",
+}  # fmt: skip
+# Objects whose every method reads or writes the store (forkpoint's SQLite database): the
+# store itself, the E2B gateway's table of it and its sandboxes.
+_STORE_NAMES = {"store", "records", "sandboxes"}
+
+
+def _dotted(node: ast.expr) -> list[str]:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    elif isinstance(node, ast.Call):
+        parts.append("()")
+    return parts[::-1]
+
+
+def _blocking(call: ast.Call) -> str | None:
+    """What ``call`` blocks on, if it does (a name for the message), else None."""
+    name = _dotted(call.func)
+    if name == ["open"]:
+        return "open"
+    if len(name) == 2 and name[1] in _BLOCKING_MODULE_CALLS.get(name[0], ()):
+        return ".".join(name)
+    if len(name) >= 2 and name[-1] in _BLOCKING_METHODS and name[0] not in _BLOCKING_MODULE_CALLS:
+        return ".".join(name)
+    if len(name) >= 2 and name[-2] in _STORE_NAMES:
+        return ".".join(name)
+    if len(name) >= 2 and name[-2] in ("runtime", "rt") and name[-1] in _runtime_blocking():
+        return ".".join(name)
+    return None
+
+
+# Runtime methods that are neither coroutines nor blocking: they name paths.
+_RUNTIME_PURE = {"files", "checkpoint_files"}
+
+
+@functools.cache
+def _runtime_blocking() -> frozenset[str]:
+    """The Runtime's plain methods: each reads the store or files (queries, listings), so
+    an ``async def`` hands them to a thread. Not: coroutines, and methods giving an async
+    iterator or context manager (their work happens when awaited)."""
+    from forkpoint.runtime import Runtime
+
+    def is_async(member: object) -> bool:
+        returns = str(getattr(member, "__annotations__", {}).get("return", ""))
+        unwrapped = inspect.unwrap(member)  # type: ignore[arg-type]
+        return (
+            inspect.iscoroutinefunction(member)
+            or inspect.isasyncgenfunction(unwrapped)
+            or any(kind in returns for kind in ("AsyncIterator", "AsyncContextManager"))
+        )
+
+    return frozenset(
+        name
+        for name, member in inspect.getmembers(Runtime, inspect.isfunction)
+        if not is_async(member) and not name.startswith("__") and name not in _RUNTIME_PURE
+    )
+
+
+def _own_blocking_functions(tree: ast.Module) -> set[str]:
+    """The module's plain functions and methods that block themselves: an ``async def``
+    calling ``self.get(...)`` that reads the store blocks as surely as reading it."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            calls = [c for c in _direct_calls(node) if _blocking(c) is not None]
+            if calls:
+                names.add(node.name)
+    return names
+
+
+def _direct_calls(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+    """The calls in ``function``'s own body (not in the functions and lambdas it defines),
+    except those awaited."""
+    found: list[ast.Call] = []
+    awaited: set[int] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.Await) and isinstance(child.value, ast.Call):
+                awaited.add(id(child.value))
+            if isinstance(child, ast.Call) and id(child) not in awaited:
+                found.append(child)
+            visit(child)
+
+    visit(function)
+    return found
+
+
+def blocking_calls_in_async(source: str) -> list[tuple[int, str]]:
+    """(line, call) for each blocking call made directly in an ``async def``."""
+    tree = ast.parse(source)
+    own = _own_blocking_functions(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.AsyncFunctionDef):
+            continue
+        for call in _direct_calls(node):
+            name = _dotted(call.func)
+            what = _blocking(call)
+            if what is None and name[-1:] and name[-1] in own and name[0] in ("self", name[-1]):
+                what = ".".join(name)
+            if what is not None:
+                found.append((call.lineno, what))
+    return sorted(found)
+
+
+def test_nothing_blocks_an_event_loop() -> None:
+    """No store, file or subprocess call inside an ``async def``: it belongs in
+    ``asyncio.to_thread`` (or the pool), or the loop's other requests wait for it."""
+    violations = [
+        f"{path.relative_to(SRC)}:{line}: {what}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, what in blocking_calls_in_async(path.read_text())
+    ]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_blocking_check_sees_what_it_must() -> None:
+    source = """
+async def handler(runtime, path):
+    record = runtime.store.get_session("s")
+    data = path.read_bytes()
+    subprocess.run(["true"])
+    with open(path) as f:
+        pass
+    await asyncio.to_thread(runtime.store.get_session, "s")
+    await asyncio.to_thread(lambda: path.read_text())
+    await runtime.stat("s", "/x")
+    self.lookup("s")
+    await asyncio.to_thread(self.lookup, "s")
+
+    def later():
+        return path.read_text()
+
+def lookup(self, name):
+    return self.records.get(name)
+"""
+    found = [what for _, what in blocking_calls_in_async(source)]
+    assert found == [
+        "runtime.store.get_session",
+        "path.read_bytes",
+        "subprocess.run",
+        "open",
+        "self.lookup",
+    ]

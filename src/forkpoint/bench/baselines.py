@@ -114,7 +114,7 @@ class Baselines:
                 samples.append((prepared_s + time.perf_counter() - began) * 1000)
             finally:
                 await machine.kill()
-                self._discard(files)
+                await asyncio.to_thread(self._discard, files)
             self.log(f"cold boot {i + 1}/{reps}: {samples[-1]:.0f} ms")
         return samples
 
@@ -132,7 +132,7 @@ class Baselines:
             )  # fmt: skip
             samples.append((time.perf_counter() - began) * 1000)
             await machine.kill()
-            self._discard(files)
+            await asyncio.to_thread(self._discard, files)
         return samples
 
     async def ram_copy_floor(self, checkpoint: CheckpointFiles, reps: int) -> list[float]:
@@ -140,11 +140,11 @@ class Baselines:
         samples = []
         dest = self.scratch / "ram-copy"
         for _ in range(reps):
-            dest.unlink(missing_ok=True)
+            await asyncio.to_thread(dest.unlink, missing_ok=True)
             started = time.perf_counter()
             await asyncio.to_thread(sparse_copy, checkpoint.ram, dest)
             samples.append((time.perf_counter() - started) * 1000)
-            dest.unlink(missing_ok=True)
+            await asyncio.to_thread(dest.unlink, missing_ok=True)
         return samples
 
     async def full_ram(
@@ -170,11 +170,11 @@ class Baselines:
             await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)
             for _ in range(reps):
                 state = self.scratch / "full-ram.state"
-                state.unlink(missing_ok=True)
+                await asyncio.to_thread(state.unlink, missing_ok=True)
                 saves.append(await machine.save_state(state))
-                self.full_ram_state_bytes = state.stat().st_size
+                self.full_ram_state_bytes = (await asyncio.to_thread(state.stat)).st_size
                 await machine.kill()
-                self._discard(files)
+                await asyncio.to_thread(self._discard, files)
                 files = self._files()
                 disk = files.dir / "disk.qcow2"
                 await asyncio.to_thread(create_overlay, disk_layer, disk)
@@ -182,10 +182,10 @@ class Baselines:
                 # Until the VM runs: the same end point as forkpoint's operations.
                 restores.append((time.perf_counter() - began) * 1000)
                 await _agent_hello(files, _RESTORE_AGENT_TIMEOUT_S)  # sane before next save
-                state.unlink()
+                await asyncio.to_thread(state.unlink)
         finally:
             await machine.kill()
-            self._discard(files)
+            await asyncio.to_thread(self._discard, files)
         return saves, restores
 
 

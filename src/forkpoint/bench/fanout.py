@@ -83,6 +83,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime
 
 
+def _total_cpu_s(pids: Sequence[int]) -> float:
+    return sum(_cpu_s(pid) for pid in pids)
+
+
+def _total_pss_mib(pids: Sequence[int]) -> float:
+    return sum(pss_mib(pid) for pid in pids)
+
+
 async def density(
     records: Sequence[SessionRecord], *, settle_s: float, window_s: float
 ) -> dict[str, Any]:
@@ -92,11 +100,11 @@ async def density(
     qemus = [r.qemu_pid for r in records if r.qemu_pid]
     helpers = [pid for r in records for pid in r.aux_pids if pid]
     count = max(len(qemus), 1)
-    before = sum(_cpu_s(pid) for pid in qemus + helpers)
+    before = await asyncio.to_thread(_total_cpu_s, qemus + helpers)
     await asyncio.sleep(window_s)
-    used = sum(_cpu_s(pid) for pid in qemus + helpers) - before
-    qemu_mib = sum(pss_mib(pid) for pid in qemus) / count
-    helper_mib = sum(pss_mib(pid) for pid in helpers) / count
+    used = await asyncio.to_thread(_total_cpu_s, qemus + helpers) - before
+    qemu_mib = await asyncio.to_thread(_total_pss_mib, qemus) / count
+    helper_mib = await asyncio.to_thread(_total_pss_mib, helpers) / count
     return {
         "forks": len(qemus),
         "qemu_mib": round(qemu_mib, 1),

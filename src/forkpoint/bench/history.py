@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -85,7 +86,7 @@ async def _steps(runtime: Runtime, reps: int, log: Callable[[str], None]) -> dic
                 started = time.perf_counter()
                 await runtime.exec(session.id, "true")
                 samples[key].append((time.perf_counter() - started) * 1000)
-        steps = runtime.history(stepped.id)
+        steps = await asyncio.to_thread(runtime.history, stepped.id)
         plain_ms: Summary = summarize(samples["plain"])
         with_history: Summary = summarize(samples["history"])
         step_bytes = [s.size_bytes for s in steps]
@@ -102,5 +103,6 @@ async def _steps(runtime: Runtime, reps: int, log: Callable[[str], None]) -> dic
     finally:
         await runtime.remove(plain.id)
         await runtime.remove(stepped.id)
-        for checkpoint in runtime.store.list_checkpoints(session_id=stepped.id):
+        left = await asyncio.to_thread(runtime.store.list_checkpoints, session_id=stepped.id)
+        for checkpoint in left:
             await runtime.remove_checkpoint(checkpoint.id)  # they outlive their session

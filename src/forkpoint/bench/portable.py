@@ -14,6 +14,7 @@ dependency) started on 127.0.0.1; without either these rows are skipped. The pul
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -45,7 +46,9 @@ async def measure_portable(
                                "localbucket"}  # fmt: skip
         session = await runtime.create()
         made: list[str] = []
-        other = Runtime.open(_beside(runtime.home, scratch / "pull-home"))
+        other = await asyncio.to_thread(
+            lambda: Runtime.open(_beside(runtime.home, scratch / "pull-home"))
+        )
         try:
             fresh = await runtime.checkpoint(session.id)
             made.append(fresh.id)

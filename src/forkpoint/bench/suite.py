@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from forkpoint.polling import poll_until
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.capacity import host_limits
 from forkpoint.runtime.machines import boot_files
+from forkpoint.store import SessionRecord, Store
 from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
 from .baselines import Baselines
@@ -366,7 +367,7 @@ class Suite:
                 result.serving.append(await self._count_serving(forks, _FAN_SERVING_TIMEOUT_S))
                 result.ready_ms.append((time.perf_counter() - started) * 1000)
                 if i == 0 and not warm:
-                    records = [self.runtime.store.get_session(s.id) for s in forks]
+                    records = await asyncio.to_thread(_records, self.runtime.store, forks)
                     result.density = await density(
                         records, settle_s=self.plan.idle_settle_s, window_s=self.plan.idle_window_s
                     )
@@ -407,11 +408,11 @@ class Suite:
         self, shape: MachineShape, boot: BootFiles, image: Any, checkpoint_id: str
     ) -> dict[str, Summary]:
         plan = self.plan
-        self._scratch.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._scratch.mkdir, parents=True, exist_ok=True)
         runner = Baselines(self.runtime.build, shape, boot, image, self._scratch, self.log)
         self._baseline_runner = runner
         files = self.runtime.checkpoint_files(checkpoint_id)
-        record = self.runtime.store.get_checkpoint(checkpoint_id)
+        record = await asyncio.to_thread(self.runtime.store.get_checkpoint, checkpoint_id)
         disk_layer = self.runtime.home.layers / record.disk_layer
         out: dict[str, Summary] = {}
 
@@ -577,7 +578,7 @@ class Suite:
             strays = self._baseline_runner.kill_strays()
             if strays:
                 self.log(f"cleanup: killed {strays} baseline VM(s)")
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, self._scratch, ignore_errors=True)
 
 
 def _url(session: Session) -> str:
@@ -600,3 +601,7 @@ class _FanOut:
     ready_ms: list[float] = field(default_factory=list)
     serving: list[int] = field(default_factory=list)
     density: dict[str, Any] | None = None
+
+
+def _records(store: Store, sessions: Sequence[Session]) -> list[SessionRecord]:
+    return [store.get_session(session.id) for session in sessions]

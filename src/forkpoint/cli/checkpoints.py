@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -204,9 +205,14 @@ def _progress(message: str, enabled: bool) -> Iterator[Callable[[str], None]]:
         yield lambda step: status.update(escape(step))
 
 
+def _checkpoint_ids(runtime: Runtime, refs: list[str]) -> list[str]:
+    """Each ref's checkpoint id. :raises NotFound: one is unknown."""
+    return [runtime.get_checkpoint(ref).id for ref in refs]
+
+
 def _remove_checkpoints(ids: list[str], as_json: bool) -> None:
     async def op(runtime: Runtime) -> list[str]:
-        found = [runtime.get_checkpoint(i).id for i in ids]  # NotFound before any change
+        found = await asyncio.to_thread(_checkpoint_ids, runtime, ids)  # NotFound first
         for checkpoint_id in dict.fromkeys(found):
             await runtime.remove_checkpoint(checkpoint_id)
         return list(dict.fromkeys(found))
@@ -225,12 +231,15 @@ def _verify_checkpoints(ids: list[str], as_json: bool) -> None:
 
     from forkpoint.errors import DamagedCheckpoint
 
-    async def op(runtime: Runtime) -> dict[str, list[dict[str, object]]]:
-        found = [runtime.get_checkpoint(i).id for i in ids]  # NotFound before any work
+    def verify(runtime: Runtime) -> dict[str, list[dict[str, object]]]:
+        found = _checkpoint_ids(runtime, ids)  # NotFound before any work
         return {
             c: [dataclasses.asdict(f) for f in runtime.verify_checkpoint(c)]
             for c in dict.fromkeys(found)
         }
+
+    async def op(runtime: Runtime) -> dict[str, list[dict[str, object]]]:
+        return await asyncio.to_thread(verify, runtime)
 
     with spinner("verifying…"):
         report = run(op)
@@ -311,7 +320,7 @@ def checkpoints_command(
     """List checkpoints (of all sessions, or of one)."""
 
     async def op(runtime: Runtime) -> list[Checkpoint]:
-        return runtime.list_checkpoints(session)
+        return await asyncio.to_thread(runtime.list_checkpoints, session)
 
     checkpoints = run(op)
     if as_json:

@@ -43,12 +43,12 @@ def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
 
     async def main() -> T:
         use_fan_out_pool()
-        runtime = Runtime.open()
+        runtime = await asyncio.to_thread(Runtime.open)
         try:
             await asyncio.to_thread(runtime.upkeep)
             return await operation(runtime)
         finally:
-            runtime.close()
+            await asyncio.to_thread(runtime.close)
 
     return asyncio.run(main())
 

@@ -219,7 +219,8 @@ def rm_command(
         import asyncio
 
         # NotFound before anything changes; then all at once (their QEMUs exit together).
-        ids = list(dict.fromkeys(runtime.get(s).id for s in sessions))
+        found = await asyncio.gather(*(asyncio.to_thread(runtime.get, s) for s in sessions))
+        ids = list(dict.fromkeys(session.id for session in found))
         results = await asyncio.gather(*map(runtime.remove, ids), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -96,7 +96,7 @@ class Scenario:
         :raises ForkpointError: a platform operation or the builder failed (``facts``
             keeps what was recorded up to then).
         """
-        self.out.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.out.mkdir, parents=True, exist_ok=True)
         facts = self.facts
         facts.update(builder=self.builder.name, timings_ms={}, steps=[], screenshots={})
         sessions: list[str] = []

@@ -7,6 +7,7 @@ fork, 200/201 for connect, 204 for kill, pause and timeouts). Errors are E2B's
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import parse_qsl, unquote
@@ -91,7 +92,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
         filters = {unquote(k): unquote(v) for k, v in parse_qsl(metadata or "")}
         found = [
             _listed(sandboxes, s)
-            for s in sandboxes.all()
+            for s in await asyncio.to_thread(sandboxes.all)
             if ("paused" if s.paused else "running") in wanted
             and all(s.record.metadata.get(k) == v for k, v in filters.items())
         ]
@@ -103,7 +104,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
     async def info(sandbox_id: str) -> SandboxDetail:
-        sandbox = sandboxes.get(sandbox_id)
+        sandbox = await asyncio.to_thread(sandboxes.get, sandbox_id)
         r = sandbox.record
         return SandboxDetail(
             **_listed(sandboxes, sandbox).model_dump(),
@@ -119,7 +120,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
     async def set_timeout(sandbox_id: str, body: TimeoutBody) -> Response:
-        sandboxes.set_timeout(sandbox_id, body.timeout)
+        await asyncio.to_thread(sandboxes.set_timeout, sandbox_id, body.timeout)
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
@@ -171,7 +172,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
     ) -> list[SnapshotInfo]:
         found = [
             _snapshot(c.id, c.name)
-            for c in sandboxes.snapshots(sandboxID)
+            for c in await asyncio.to_thread(sandboxes.snapshots, sandboxID)
             if name is None or c.name == name
         ]
         start = int(nextToken) if nextToken and nextToken.isdigit() else 0
@@ -186,7 +187,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(sandbox_id: str) -> list[object]:
-        sandboxes.get(sandbox_id)
+        await asyncio.to_thread(sandboxes.get, sandbox_id)
         return []
 
     @router.post("/sandboxes/{sandbox_id}/rollback", response_model=SandboxOut)

@@ -7,6 +7,7 @@ sandbox is the one whose token reproduces the signature.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -125,7 +126,7 @@ def envd_router(sandboxes: Sandboxes) -> APIRouter:
     @router.get("/health")
     async def health(request: Request) -> Response:
         try:
-            _sandbox(sandboxes, request)
+            await asyncio.to_thread(_sandbox, sandboxes, request)
         except _Denied as denied:
             return envd_http_error(denied.status, denied.message)
         return Response(status_code=204)
@@ -178,7 +179,7 @@ async def _rpc(sandboxes: Sandboxes, request: Request, service: str, method: str
     except ConnectError as error:
         return _rpc_error(error)
     except ForkpointError as error:
-        if _gone(sandboxes, call.sandbox_id):
+        if await asyncio.to_thread(_gone, sandboxes, call.sandbox_id):
             return _denied_rpc(_Denied(502, not_running(call.sandbox_id).message))
         return _rpc_error(connect_error(error))
 

@@ -127,7 +127,7 @@ class SandboxProxy:
             return
         port, sandbox_id = int(target[0]), str(target[1])
         try:
-            sandbox = self.sandboxes.running(sandbox_id)
+            sandbox = await asyncio.to_thread(self.sandboxes.running, sandbox_id)
         except NotFound:
             raise _BadRequest(502, f"The sandbox {sandbox_id} was not found") from None
         try:

@@ -112,7 +112,7 @@ class Sandboxes:
         :raises NotFound: no image, checkpoint or snapshot of that name.
         """
         name = template or DEFAULT_TEMPLATE
-        checkpoint = self._checkpoint(name)
+        checkpoint = await asyncio.to_thread(self._checkpoint, name)
         if checkpoint is not None:
             results = await self.runtime.fork(checkpoint.id, 1)
             session = _only(results)
@@ -128,7 +128,9 @@ class Sandboxes:
                     f"template {name!r} not found: not an image, checkpoint or snapshot "
                     "(`forkpoint image ls`, `forkpoint checkpoints`)"
                 ) from None
-        return self._adopt(session, name, timeout_s, metadata, env_vars, auto_pause)
+        return await asyncio.to_thread(
+            self._adopt, session, name, timeout_s, metadata, env_vars, auto_pause
+        )
 
     def _checkpoint(self, name: str) -> Checkpoint | None:
         if name in _BASE_TEMPLATES:
@@ -169,53 +171,64 @@ class Sandboxes:
         """Resume a paused sandbox (same id and ports, processes at the same PIDs) or just
         extend a running one's end time; returns it and whether it was resumed."""
         async with self.lock(sandbox_id):
-            sandbox = self.get(sandbox_id)
+            sandbox = await asyncio.to_thread(self.get, sandbox_id)
             end = time.time() + self._timeout(timeout_s)
             if not sandbox.paused:
                 record = sandbox.record
                 if end > record.end_at:
-                    record = self.records.update(record, end_at=end)
+                    record = await asyncio.to_thread(self.records.update, record, end_at=end)
                 return Sandbox(sandbox.session, record), False
             session = await self.runtime.rollback(sandbox_id, sandbox.record.paused_at)
-            record = self.records.update(sandbox.record, end_at=end, paused_at=None)
+            record = await asyncio.to_thread(
+                self.records.update, sandbox.record, end_at=end, paused_at=None
+            )
             return Sandbox(session, record), True
 
     async def pause(self, sandbox_id: str) -> None:
         """Checkpoint and stop the VM. :raises Conflict: already paused."""
         async with self.lock(sandbox_id):
-            sandbox = self.get(sandbox_id)
+            sandbox = await asyncio.to_thread(self.get, sandbox_id)
             if sandbox.paused:
                 raise Conflict(f"sandbox {sandbox_id} is already paused")
             checkpoint = await self.runtime.checkpoint(sandbox_id)
-            self.records.add_internal_checkpoint(checkpoint.id, sandbox_id, "pause")
+            await asyncio.to_thread(
+                self.records.add_internal_checkpoint, checkpoint.id, sandbox_id, "pause"
+            )
             await self.runtime.stop(sandbox_id)
-            self.records.update(sandbox.record, paused_at=checkpoint.id)
+            await asyncio.to_thread(self.records.update, sandbox.record, paused_at=checkpoint.id)
 
     async def kill(self, sandbox_id: str) -> None:
         """:raises NotFound:"""
         async with self.lock(sandbox_id):
-            self.get(sandbox_id)
+            await asyncio.to_thread(self.get, sandbox_id)
             await self.runtime.remove(sandbox_id)
-            self.records.delete(sandbox_id)
+            await asyncio.to_thread(self.records.delete, sandbox_id)
         self._locks.pop(sandbox_id, None)
         await self.collect_internal_checkpoints()
 
     async def collect_internal_checkpoints(self) -> None:
         """Delete the gateway's pause/fork checkpoints nothing depends on any more."""
+        for checkpoint_id in await asyncio.to_thread(self._unused_internal_checkpoints):
+            try:
+                await self.runtime.remove_checkpoint(checkpoint_id)
+            except Conflict:
+                continue  # a fork or a resumed session still maps it
+            await asyncio.to_thread(self.records.forget_internal_checkpoint, checkpoint_id)
+
+    def _unused_internal_checkpoints(self) -> list[str]:
+        """The gateway's checkpoints whose sandbox is gone (forgotten at once if the
+        checkpoint is gone too)."""
         live = {r.session_id for r in self.records.list()}
+        unused = []
         for checkpoint_id in self.records.internal_checkpoints():
             try:
                 owner = self.runtime.get_checkpoint(checkpoint_id).session_id
             except NotFound:
                 self.records.forget_internal_checkpoint(checkpoint_id)
                 continue
-            if owner in live:
-                continue
-            try:
-                await self.runtime.remove_checkpoint(checkpoint_id)
-            except Conflict:
-                continue  # a fork or a resumed session still maps it
-            self.records.forget_internal_checkpoint(checkpoint_id)
+            if owner not in live:
+                unused.append(checkpoint_id)
+        return unused
 
     def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
         sandbox = self.get(sandbox_id)
@@ -226,17 +239,25 @@ class Sandboxes:
     ) -> list[Sandbox | ForkpointError]:
         """``count`` new sandboxes from a checkpoint taken now; processes keep their PIDs."""
         async with self.lock(sandbox_id):
-            parent = self.running_or_conflict(sandbox_id)
+            parent = await asyncio.to_thread(self.running_or_conflict, sandbox_id)
             checkpoint = await self.runtime.checkpoint(sandbox_id)
-        self.records.add_internal_checkpoint(checkpoint.id, sandbox_id, "fork")
+        await asyncio.to_thread(
+            self.records.add_internal_checkpoint, checkpoint.id, sandbox_id, "fork"
+        )
         results = await self.runtime.fork(checkpoint.id, count)
         rec = parent.record
-        return [
-            r
-            if isinstance(r, ForkpointError)
-            else self._adopt(r, rec.template, timeout_s, rec.metadata, rec.env_vars, rec.auto_pause)
-            for r in results
-        ]
+
+        def adopt_all() -> list[Sandbox | ForkpointError]:
+            return [
+                r
+                if isinstance(r, ForkpointError)
+                else self._adopt(
+                    r, rec.template, timeout_s, rec.metadata, rec.env_vars, rec.auto_pause
+                )
+                for r in results
+            ]
+
+        return await asyncio.to_thread(adopt_all)
 
     def running_or_conflict(self, sandbox_id: str) -> Sandbox:
         sandbox = self.get(sandbox_id)
@@ -246,7 +267,7 @@ class Sandboxes:
 
     async def snapshot(self, sandbox_id: str, name: str | None) -> Checkpoint:
         async with self.lock(sandbox_id):
-            self.running_or_conflict(sandbox_id)
+            await asyncio.to_thread(self.running_or_conflict, sandbox_id)
             return await self.runtime.checkpoint(sandbox_id, name)
 
     def snapshots(self, sandbox_id: str | None) -> list[Checkpoint]:
@@ -258,20 +279,20 @@ class Sandboxes:
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """:raises NotFound: :raises InUse: sessions or checkpoints depend on it."""
-        checkpoint = self.runtime.get_checkpoint(snapshot_id)
-        if checkpoint.id in self.records.internal_checkpoints():
+        checkpoint = await asyncio.to_thread(self.runtime.get_checkpoint, snapshot_id)
+        if checkpoint.id in await asyncio.to_thread(self.records.internal_checkpoints):
             raise NotFound(f"snapshot {snapshot_id} not found")
         await self.runtime.remove_checkpoint(checkpoint.id)
 
     async def rollback(self, sandbox_id: str, snapshot_id: str) -> Sandbox:
         """forkpoint's extension: reset the sandbox in place (same id, same host)."""
         async with self.lock(sandbox_id):
-            sandbox = self.get(sandbox_id)
+            sandbox = await asyncio.to_thread(self.get, sandbox_id)
             session = await self.runtime.rollback(sandbox_id, snapshot_id)
             record = sandbox.record
             if record.paused_at is not None:
-                record = self.records.update(
-                    record, paused_at=None,
+                record = await asyncio.to_thread(
+                    self.records.update, record, paused_at=None,
                     end_at=time.time() + self.config.default_timeout_s,
                 )  # fmt: skip
             return Sandbox(session, record)
@@ -282,7 +303,7 @@ class Sandboxes:
         """Kill (or pause, with auto-pause) running sandboxes past their end time."""
         now = time.time() if now is None else now
         done = []
-        for sandbox in self.all():
+        for sandbox in await asyncio.to_thread(self.all):
             if sandbox.paused or sandbox.record.end_at > now:
                 continue
             try:

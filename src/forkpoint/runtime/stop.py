@@ -23,12 +23,15 @@ __all__ = ["stop_session"]
 
 async def stop_session(runtime: Runtime, session: str) -> Session:
     """Kill the session's VM and mark it stopped (idempotent). :raises NotFound:"""
-    record = runtime.store.get_session(session)
+    record = await asyncio.to_thread(runtime.store.get_session, session)
     async with session_lock_async(runtime.home, record.id):
-        record = runtime.store.get_session(record.id)
-        await asyncio.to_thread(runtime.standbys.drop, record.id)  # a stopped VM holds nothing
-        await asyncio.to_thread(kill_session_processes, runtime.files(record.id), record)
-        record = runtime.store.update_session(
-            record.id, state=SessionState.STOPPED, qemu_pid=None, aux_pids=[]
-        )
-    return runtime.session_of(record)
+        await asyncio.to_thread(_stop_locked, runtime, record.id)
+        record = await asyncio.to_thread(runtime.store.get_session, record.id)
+    return await asyncio.to_thread(runtime.session_of, record)
+
+
+def _stop_locked(runtime: Runtime, session_id: str) -> None:
+    record = runtime.store.get_session(session_id)
+    runtime.standbys.drop(record.id)  # a stopped VM holds nothing
+    kill_session_processes(runtime.files(record.id), record)
+    runtime.store.update_session(record.id, state=SessionState.STOPPED, qemu_pid=None, aux_pids=[])

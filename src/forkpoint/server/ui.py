@@ -62,7 +62,7 @@ def ui_router(runtime: Runtime) -> APIRouter:
         with tempfile.TemporaryDirectory() as scratch:
             out = Path(scratch) / "shot.png"
             await screenshot_async(forward.url, out, width=800, height=500, timeout_s=20)
-            return Response(out.read_bytes(), media_type="image/png")
+            return Response(await asyncio.to_thread(out.read_bytes), media_type="image/png")
 
     return r
 

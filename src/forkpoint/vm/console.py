@@ -20,7 +20,9 @@ device errors into it. passt's own log caps itself (``--log-size``).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from pathlib import Path
 
 from forkpoint.errors import QemuError
 from forkpoint.vm.files import VmFiles
@@ -51,9 +53,13 @@ async def drain_console(qmp: Qmp, files: VmFiles) -> None:
     except QemuError:
         return
     if data:
-        with files.serial_log.open("ab") as log:
-            log.write(base64.b64decode(data))
-        trim_log(files.serial_log, LOG_CAP_BYTES)
+        await asyncio.to_thread(_append, files.serial_log, base64.b64decode(data))
+
+
+def _append(log: Path, data: bytes) -> None:
+    with log.open("ab") as out:
+        out.write(data)
+    trim_log(log, LOG_CAP_BYTES)
 
 
 def read_tail(files: VmFiles, max_bytes: int) -> str:

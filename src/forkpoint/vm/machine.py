@@ -90,11 +90,9 @@ class Machine:
         runs, see :func:`~forkpoint.vm.argv.build_argv`.
         :raises QemuError: QEMU exited, or did not come up within the start timeout.
         """
-        files.ensure()
         # New files, the pidfile too: QEMU locks it, and the VM this one replaces (a
         # rollback) may still be exiting, holding the lock on the old one.
-        for path in (files.qmp_socket, files.agent_socket, files.net_socket, files.pidfile):
-            path.unlink(missing_ok=True)
+        await asyncio.to_thread(_fresh_files, files)
         if ram is None:
             ram = files.boot_ram
             create_sparse(ram, shape.memory_mib << 20)
@@ -334,7 +332,7 @@ class Machine:
                 )
                 faults.point("checkpoint.disk-switched")
             except BaseException:
-                new_overlay.unlink(missing_ok=True)  # the VM did not switch to it
+                await asyncio.to_thread(new_overlay.unlink, missing_ok=True)  # not switched to
                 raise
             # The frozen layer is never reopened (it has no writers): its set can go, or a
             # long-lived VM would collect two descriptors per checkpoint.
@@ -346,7 +344,9 @@ class Machine:
             t_ram = time.perf_counter()
             ranges: list[tuple[int, int]] = []
             written = await asyncio.to_thread(
-                copy_written_pages, self.pid, ram_base, ram_base.stat().st_size, ram_dest, ranges
+                lambda: copy_written_pages(
+                    self.pid, ram_base, ram_base.stat().st_size, ram_dest, ranges
+                )
             )
             written_ms = (time.perf_counter() - t_ram) * 1000
             faults.point("checkpoint.pages-copied")
@@ -369,23 +369,24 @@ class Machine:
         finally:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")
-        state_dest.chmod(0o444)
-        ram_dest.chmod(0o444)
+        pause_ms = (time.perf_counter() - paused) * 1000
+        ram_bytes, state_bytes = await asyncio.to_thread(_seal, ram_dest, state_dest)
         return CheckpointStats(
-            pause_ms=(time.perf_counter() - paused) * 1000,
+            pause_ms=pause_ms,
             base_copy_ms=base_copy_ms,
             device_state_ms=device_state_ms,
             written_ms=written_ms,
             written_bytes=written,
-            ram_bytes=allocated_bytes(ram_dest),
-            state_bytes=state_dest.stat().st_size,
+            ram_bytes=ram_bytes,
+            state_bytes=state_bytes,
             written_ranges=tuple(ranges),
         )
 
     async def _save_device_state(self, dest: Path) -> None:
         # Despite its name this is QEMU's generic "every device but RAM" save. live=false:
         # live=true would also hand the disks over to a migration target that is not there.
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        fd = await asyncio.to_thread(os.open, dest, flags, 0o444)
         try:
             name = await add_to_fdset(self._qmp, (fd,), str(dest))
         finally:
@@ -460,3 +461,17 @@ def _start_failed(files: VmFiles, pid: int, error: QemuError) -> QemuError:
         f"{files.name}: QEMU did not start ({status}): {error.message}",
         log_tail=files.log_tail(),
     )
+
+
+def _fresh_files(files: VmFiles) -> None:
+    """The VM's directory, without the sockets and pidfile of a VM before it."""
+    files.ensure()
+    for path in (files.qmp_socket, files.agent_socket, files.net_socket, files.pidfile):
+        path.unlink(missing_ok=True)
+
+
+def _seal(ram: Path, state: Path) -> tuple[int, int]:
+    """A checkpoint's RAM and device-state files made read-only; their sizes on disk."""
+    state.chmod(0o444)
+    ram.chmod(0o444)
+    return allocated_bytes(ram), state.stat().st_size

@@ -14,6 +14,7 @@ to load and write-only to save, exactly as QEMU asks for it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -55,7 +56,7 @@ async def state_file_uri(
     :raises OSError: ``path`` cannot be opened.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
-    fd = os.open(path, flags, 0o444)
+    fd = await asyncio.to_thread(os.open, path, flags, 0o444)
     fdset: int | None = None
     try:
         qmp.send_fd(fd)

@@ -22,6 +22,7 @@ line instead of forwards that silently never answer. passt's log is under ``/tmp
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -148,10 +149,10 @@ def wait_passt_ready(files: VmFiles, pid: int, timeout_s: float = _READY_TIMEOUT
 
 async def passt_ready(files: VmFiles, pid: int, timeout_s: float = _READY_TIMEOUT_S) -> None:
     """:func:`wait_passt_ready` on the event loop: a fan-out's hundred waits hold no
-    worker threads (each check is one read of ``/proc``)."""
+    worker thread between checks (each check, one read of ``/proc``, takes one briefly)."""
 
     async def check() -> bool | None:
-        return _ready(files, pid)
+        return await asyncio.to_thread(_ready, files, pid)
 
     await poll_until(
         check,

@@ -46,7 +46,8 @@ class Qmp:
 
         async def attempt() -> Qmp | None:
             nonlocal last_error
-            if socket.exists():  # a cheap check first: many VMs may be starting at once
+            # a cheap check first: many VMs may be starting at once
+            if await asyncio.to_thread(socket.exists):
                 client = QMPClient(describe)
                 try:
                     await client.connect(str(socket))
