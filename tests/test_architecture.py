@@ -1,4 +1,5 @@
-"""The dependency arrows of DESIGN.md, enforced: each package imports only what it may."""
+"""The dependency arrows of docs/architecture.md, enforced: each package imports only what it
+may; and no async def blocks its event loop."""
 
 from __future__ import annotations
 

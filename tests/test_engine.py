@@ -268,6 +268,24 @@ def test_checkpoint_in_use_cannot_be_deleted(rt: Runtime, parent: Session) -> No
     asyncio.run(scenario())
 
 
+def _why_not_crashed(rt: Runtime, session_id: str, pid: int) -> str:
+    """What stands between a VM that should have ended and a session marked crashed: is
+    QEMU still there (and in which state), or is the session's lock held (a query then
+    leaves the verdict to the operation holding it)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        qemu = f"QEMU {pid} is still there (state {state})"
+    except OSError:
+        qemu = f"QEMU {pid} is gone"
+    try:
+        with session_lock(rt.home, session_id, timeout_s=0):
+            lock = "the session's lock is free"
+    except Conflict:
+        lock = "the session's lock is held"
+    log = rt.files(session_id).log_tail()
+    return f"session never became crashed: {qemu}; {lock}\n{log}"
+
+
 @pytest.mark.parametrize("ending", ["qemu killed", "guest reboot"])
 def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, ending: str) -> None:
     async def scenario() -> None:
@@ -282,7 +300,9 @@ def test_ended_vm_marks_session_crashed_and_rollback_revives_it(rt: Runtime, end
                 await rt.spawn(session.id, ["sh", "-c", "sleep 0.3; echo b > /proc/sysrq-trigger"])
             deadline = time.monotonic() + 10
             while rt.get(session.id).state != "crashed":
-                assert time.monotonic() < deadline, "session never became crashed"
+                # Failed once, ~50 % into a first run on a fresh machine, and never since
+                # (not alone, not under 7 CPU hogs): say which part did not happen.
+                assert time.monotonic() < deadline, _why_not_crashed(rt, session.id, pid)
                 await asyncio.sleep(0.1)
             with pytest.raises(Conflict, match="crashed"):
                 await rt.exec(session.id, "true")
