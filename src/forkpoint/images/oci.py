@@ -11,7 +11,8 @@ checked before forkpoint's own files go in (one clear error each, nothing cached
 podman builds with ``--isolation chroot``: its OCI runtime (crun) refuses hosts whose
 cgroups are half v1, half v2 (as here), and chroot isolation needs no cgroups at all.
 ``--network host`` lets ``RUN`` reach package archives without a container network;
-``--ulimit nofile`` keeps podman 5 from asking for more open files than this process may.
+``--ulimit`` keeps podman 5 from asking for more open files and processes than this
+process may have.
 """
 
 from __future__ import annotations
@@ -187,11 +188,7 @@ def build_dockerfile(
     with tempfile.TemporaryDirectory(prefix="forkpoint-build-") as scratch:
         iidfile = Path(scratch) / "iid"
         argv = [podman, "build", "--isolation", "chroot", "--network", "host"]
-        # podman 5 raises each RUN step's open-file limit to 1,048,576 and fails where this
-        # process may not go that high: ask for the ceiling this process already has.
-        _, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if nofile != resource.RLIM_INFINITY:
-            argv += ["--ulimit", f"nofile={nofile}:{nofile}"]
+        argv += _host_ulimits()
         argv += ["--iidfile", str(iidfile), "-f", str(dockerfile.resolve())]
         argv += ["-t", f"localhost/forkpoint/{name.lower()}:latest"]
         for key, value in (build_args or {}).items():
@@ -200,6 +197,17 @@ def build_dockerfile(
         image_id = iidfile.read_text().strip()
     source = _inspect("containers-storage:" + image_id.removeprefix("sha256:"))
     return OciSource("dockerfile", str(dockerfile), source.transport, source.digest)
+
+
+def _host_ulimits() -> list[str]:
+    """podman 5 raises each RUN step's open-file and process limits to 1,048,576 and fails
+    where this process may not go that high: ask for the ceilings it already has."""
+    argv = []
+    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        _, hard = resource.getrlimit(limit)
+        if hard != resource.RLIM_INFINITY:
+            argv += ["--ulimit", f"{name}={hard}:{hard}"]
+    return argv
 
 
 def _archive_kind(path: Path) -> str:
