@@ -11,7 +11,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium pa
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv bytecode image test security other-release-smoke demo lint bench faults load clean
+.PHONY: setup apt venv bytecode image test security other-release other-release-smoke demo lint bench faults load clean
 
 setup: apt venv bytecode image
 
@@ -50,10 +50,14 @@ security: setup
 	FORKPOINT_LONG_ATTACKS=1 FORKPOINT_STORM_S=60 $(PY) -m pytest -q -ra \
 	  tests/test_hostile_guest.py tests/test_hostile_agent.py
 
-# The VM smoke tier (pytest -m smoke) inside a root filesystem of the other supported
-# Debian release, built with mmdebstrap and cached under $$FORKPOINT_HOME/cache.
+# The whole suite (`make test`) inside a root filesystem of the other supported Debian
+# release, built with mmdebstrap and cached under $$FORKPOINT_HOME/cache; -smoke: only
+# the VM smoke tier, for a quick look.
+other-release: apt
+	APT_PACKAGES="$(APT_PACKAGES)" tools/other-release.sh
+
 other-release-smoke: apt
-	APT_PACKAGES="$(APT_PACKAGES)" tools/other-release-smoke.sh
+	APT_PACKAGES="$(APT_PACKAGES)" tools/other-release.sh --smoke
 
 demo: setup
 	$(FP) demo --out $(DEMO_OUT)

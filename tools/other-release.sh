@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the VM smoke tier (or any command) inside a root filesystem of the OTHER supported
+# Run the test suite (or any command) inside a root filesystem of the OTHER supported
 # Debian release: bookworm on a trixie host, trixie on a bookworm host.
 #
 # The root is built once with mmdebstrap and cached under the host's $FORKPOINT_HOME
@@ -10,7 +10,9 @@
 # inside when the run ends. The repository is copied in (tracked and untracked files,
 # as git lists them): nothing inside writes into the checkout.
 #
-# usage: tools/other-release-smoke.sh [COMMAND...]   (root; default: the smoke tier)
+# usage: tools/other-release.sh [--smoke | COMMAND...]   (root)
+#        no argument: `make test` inside, the whole suite, as a newcomer runs it;
+#        --smoke: only the VM smoke tier (pytest -m smoke), about a minute warm.
 # env:   APT_PACKAGES (from the Makefile), FORKPOINT_HOME, OTHER_SUITE (override)
 set -euo pipefail
 
@@ -85,7 +87,8 @@ mkdir -p "$root/root/forkpoint"
     tar --null -T - -cf -
 ) | tar -C "$root/root/forkpoint" -xf -
 
-if [ $# -eq 0 ]; then
+if [ $# -eq 0 ] || [ "$1" = --smoke ]; then
+  tier=${1:-}
   set -- /bin/bash -c '
     set -euo pipefail
     cd /root/forkpoint
@@ -93,10 +96,14 @@ if [ $# -eq 0 ]; then
     if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name "*Packages*" -mmin -1440)" ]; then
       apt-get update -qq
     fi
-    make -s VENV=/root/venv setup
     echo "other-release ($(. /etc/os-release && echo "$PRETTY_NAME"), Python $(python3 -V | cut -d" " -f2), $(qemu-system-x86_64 --version | head -1)):"
-    /root/venv/bin/python -m pytest -q -ra -p no:cacheprovider -m smoke "$@"
-  ' smoke
+    if [ "$1" = --smoke ]; then
+      make -s VENV=/root/venv setup
+      /root/venv/bin/python -m pytest -q -ra -p no:cacheprovider -m smoke
+    else
+      make -s VENV=/root/venv test PYTEST_ARGS="-p no:cacheprovider"
+    fi
+  ' other-release "$tier"
 fi
 
 started=$(date +%s)
