@@ -31,10 +31,10 @@ from forkpoint.errors import (
 )
 from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
 from forkpoint.protocol import ErrorCode, ErrorInfo, Op
+from forkpoint.runtime.admission import Admission
 from forkpoint.runtime.hostfit import check_host_fits, host_memory_mib
 from forkpoint.sdk._client import ApiClient
 from forkpoint.server import create_app
-from forkpoint.server.admission import Admission
 
 SESSION = Session(
     id="s-0123456789", name=None, image="default", state=SessionState.RUNNING,
@@ -101,6 +101,11 @@ class FakeRuntime:
         if checkpoint != CHECKPOINT.id:
             raise NotFound(f"unknown checkpoint: {checkpoint}")
         return CHECKPOINT
+
+    def limit_admission(self, limits: ApiLimits) -> Admission:
+        """The runtime's own policy, over this fake's sessions."""
+        self.admission = Admission(limits, self)
+        return self.admission
 
 
 def sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -179,13 +184,15 @@ async def test_heavy_operations_at_once_are_capped() -> None:
 async def test_scratch_forks_count_as_sessions_but_take_no_heavy_slot() -> None:
     """A diff's or preview's scratch forks: against the session cap while it runs, never
     holding up a create or fork for a slot."""
-    admission = Admission(ApiLimits(max_sessions=3, max_heavy=1), lambda: 1)
-    diff = await admission.admit(2, heavy=False)
+    runtime = FakeRuntime()
+    runtime._new()  # one session running
+    admission = Admission(ApiLimits(max_sessions=3, max_heavy=1), runtime)
+    diff = await admission.scratch(2)
     with pytest.raises(Busy, match="3 sessions are running or starting"):
-        await admission.admit(1)
-    checkpoint = await admission.admit(0)  # the one heavy slot is free
+        await admission.create()
+    checkpoint, _ = await admission.checkpoint(SESSION.id[:2] + "0000000001")  # a slot free
     diff.release()
-    preview = await admission.admit(1, heavy=False)
+    preview = await admission.scratch(1)
     assert admission.heavy_running == 1
     checkpoint.release()
     preview.release()

@@ -185,8 +185,9 @@ def _blocking(call: ast.Call) -> str | None:
     return None
 
 
-# Runtime methods that are neither coroutines nor blocking: they name paths.
-_RUNTIME_PURE = {"files", "checkpoint_files"}
+# Runtime methods that are neither coroutines nor blocking: they name paths, or set the
+# admission policy.
+_RUNTIME_PURE = {"files", "checkpoint_files", "limit_admission"}
 
 
 @functools.cache

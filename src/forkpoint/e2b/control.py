@@ -8,6 +8,7 @@ fork, 200/201 for connect, 204 for kill, pause and timeouts). Errors are E2B's
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import parse_qsl, unquote
@@ -205,4 +206,7 @@ def _error(status: int, message: str, error_code: str | None = None) -> JSONResp
 
 
 def api_error(error: ForkpointError) -> JSONResponse:
-    return _error(error.http_status, error.message)
+    response = _error(error.http_status, error.message)
+    if error.http_status == 429:  # the runtime's admission: when to try again
+        response.headers["retry-after"] = str(math.ceil(error.retry_after_s or 1))
+    return response

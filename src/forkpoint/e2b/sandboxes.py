@@ -16,6 +16,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from forkpoint.config import ApiLimits
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
 from forkpoint.models import Checkpoint, Network, Session, SessionState
 from forkpoint.runtime import Runtime
@@ -37,6 +38,8 @@ class GatewayConfig:
     envd_version: str = "0.5.7"
     memory_mib: int = 512
     cpus: int = 1
+    #: What the gateway admits (the runtime's policy); None: ``ApiLimits.from_env()``.
+    limits: ApiLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -113,16 +116,19 @@ class Sandboxes:
         """
         name = template or DEFAULT_TEMPLATE
         checkpoint = await asyncio.to_thread(self._checkpoint, name)
+        admission = self.runtime.admission
         if checkpoint is not None:
-            results = await self.runtime.fork(checkpoint.id, 1)
-            session = _only(results)
+            ticket, _ = await admission.fork(checkpoint.id, 1)
+            with ticket:
+                session = _only(await self.runtime.fork(checkpoint.id, 1))
         else:
             image = "default" if name in _BASE_TEMPLATES else name
             try:
-                session = await self.runtime.create(
-                    image=image, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
-                    network=Network.NONE if internet is False else Network.USER,
-                )  # fmt: skip
+                with await admission.create():
+                    session = await self.runtime.create(
+                        image=image, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
+                        network=Network.NONE if internet is False else Network.USER,
+                    )  # fmt: skip
             except NotFound:
                 raise NotFound(
                     f"template {name!r} not found: not an image, checkpoint or snapshot "
@@ -178,7 +184,9 @@ class Sandboxes:
                 if end > record.end_at:
                     record = await asyncio.to_thread(self.records.update, record, end_at=end)
                 return Sandbox(sandbox.session, record), False
-            session = await self.runtime.rollback(sandbox_id, sandbox.record.paused_at)
+            ticket, _ = await self.runtime.admission.rollback(sandbox_id)
+            with ticket:
+                session = await self.runtime.rollback(sandbox_id, sandbox.record.paused_at)
             record = await asyncio.to_thread(
                 self.records.update, sandbox.record, end_at=end, paused_at=None
             )
@@ -190,7 +198,9 @@ class Sandboxes:
             sandbox = await asyncio.to_thread(self.get, sandbox_id)
             if sandbox.paused:
                 raise Conflict(f"sandbox {sandbox_id} is already paused")
-            checkpoint = await self.runtime.checkpoint(sandbox_id)
+            ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
+            with ticket:
+                checkpoint = await self.runtime.checkpoint(sandbox_id)
             await asyncio.to_thread(
                 self.records.add_internal_checkpoint, checkpoint.id, sandbox_id, "pause"
             )
@@ -240,11 +250,15 @@ class Sandboxes:
         """``count`` new sandboxes from a checkpoint taken now; processes keep their PIDs."""
         async with self.lock(sandbox_id):
             parent = await asyncio.to_thread(self.running_or_conflict, sandbox_id)
-            checkpoint = await self.runtime.checkpoint(sandbox_id)
+            ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
+            with ticket:
+                checkpoint = await self.runtime.checkpoint(sandbox_id)
         await asyncio.to_thread(
             self.records.add_internal_checkpoint, checkpoint.id, sandbox_id, "fork"
         )
-        results = await self.runtime.fork(checkpoint.id, count)
+        ticket, _ = await self.runtime.admission.fork(checkpoint.id, count)
+        with ticket:
+            results = await self.runtime.fork(checkpoint.id, count)
         rec = parent.record
 
         def adopt_all() -> list[Sandbox | ForkpointError]:
@@ -268,7 +282,9 @@ class Sandboxes:
     async def snapshot(self, sandbox_id: str, name: str | None) -> Checkpoint:
         async with self.lock(sandbox_id):
             await asyncio.to_thread(self.running_or_conflict, sandbox_id)
-            return await self.runtime.checkpoint(sandbox_id, name)
+            ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
+            with ticket:
+                return await self.runtime.checkpoint(sandbox_id, name)
 
     def snapshots(self, sandbox_id: str | None) -> list[Checkpoint]:
         """The user's snapshots (checkpoints), without the gateway's own."""
@@ -288,7 +304,9 @@ class Sandboxes:
         """forkpoint's extension: reset the sandbox in place (same id, same host)."""
         async with self.lock(sandbox_id):
             sandbox = await asyncio.to_thread(self.get, sandbox_id)
-            session = await self.runtime.rollback(sandbox_id, snapshot_id)
+            ticket, _ = await self.runtime.admission.rollback(sandbox_id)
+            with ticket:
+                session = await self.runtime.rollback(sandbox_id, snapshot_id)
             record = sandbox.record
             if record.paused_at is not None:
                 record = await asyncio.to_thread(

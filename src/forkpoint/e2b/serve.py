@@ -11,6 +11,8 @@ from pathlib import Path
 
 import uvicorn
 
+from forkpoint.config import ApiLimits
+from forkpoint.errors import InvalidInput
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.reaper import upkeep_forever
 from forkpoint.threads import use_fan_out_pool
@@ -54,6 +56,10 @@ async def run_gateway(
 ) -> None:
     """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set."""
     use_fan_out_pool()
+    try:
+        runtime.limit_admission(config.limits or ApiLimits.from_env())
+    except ValueError as error:
+        raise InvalidInput(str(error)) from None
     sandboxes = Sandboxes(runtime, config)
     app = create_e2b_app(sandboxes, token)
     server = uvicorn.Server(

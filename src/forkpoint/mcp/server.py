@@ -2,10 +2,12 @@
 
 A tool's parameters are the fields of the REST request model it shares
 (:mod:`forkpoint.requests`): the same names, limits, strictness and defaults, declared
-once. Each tool is one runtime call returning the same :mod:`forkpoint.models` values as the
-CLI and REST (lists wrapped in an object: MCP's structured output is one). A
+once. Each tool is one runtime call returning the same :mod:`forkpoint.models` values as
+the CLI and REST (lists wrapped in an object: MCP's structured output is one). A
 :class:`~forkpoint.errors.ForkpointError` becomes a tool error whose text starts with
-its code (``not_found: unknown session: s-…``).
+its code (``not_found: unknown session: s-…``). Heavy tools are admitted by the
+runtime's policy, as REST's calls are (``FORKPOINT_API_MAX_SESSIONS``/``_MAX_HEAVY``):
+past a limit the tool error reads ``busy: …``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from forkpoint import __version__
+from forkpoint.config import ApiLimits
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
@@ -164,7 +167,8 @@ def build_server(runtime: Runtime) -> MCPServer:
         ``history``: checkpoint automatically before every exec and file write, so `undo`
         can take steps back (``history_keep`` of them). Returns the session (id, ports with
         URLs, ...)."""
-        return await runtime.create(**request.model_dump())
+        with await runtime.admission.create():
+            return await runtime.create(**request.model_dump())
 
     @_with_request(
         ForegroundExecRequest, _SESSION, _param("background", Flag, False), without={"background"}
@@ -213,7 +217,9 @@ def build_server(runtime: Runtime) -> MCPServer:
     @_with_request(CheckpointRequest, _SESSION)
     async def checkpoint(session: str, request: CheckpointRequest) -> Checkpoint:
         """Checkpoint a running session: memory, disk and every live process."""
-        return await runtime.checkpoint(session, request.name)
+        ticket, _ = await runtime.admission.checkpoint(session)
+        with ticket:
+            return await runtime.checkpoint(session, request.name)
 
     @_with_request(ForkRequest, _CHECKPOINT)
     async def fork(
@@ -221,7 +227,9 @@ def build_server(runtime: Runtime) -> MCPServer:
     ) -> dict[str, list[Session | ErrorResponse]]:
         """Start ``count`` new sessions from a checkpoint; each wakes up with the same
         processes running. A failed fork is reported as an error in its slot."""
-        results = await runtime.fork(checkpoint, request.count)
+        ticket, _ = await runtime.admission.fork(checkpoint, request.count)
+        with ticket:
+            results = await runtime.fork(checkpoint, request.count)
         return {
             "sessions": [
                 ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results
@@ -237,10 +245,16 @@ def build_server(runtime: Runtime) -> MCPServer:
         added/removed/modified (patch=true: with unified diffs of small text files),
         processes started/gone, listening ports opened/closed."""
         if dry_run:
-            return await runtime.rollback_preview(session, request.checkpoint, patch=request.patch)
+            await asyncio.to_thread(runtime.get, session)  # unknown: NotFound, not Busy
+            with await runtime.admission.scratch(1):
+                return await runtime.rollback_preview(
+                    session, request.checkpoint, patch=request.patch
+                )
         if request.patch:
             raise InvalidInput("patch is for dry_run=true")
-        return await runtime.rollback(session, request.checkpoint)
+        ticket, _ = await runtime.admission.rollback(session)
+        with ticket:
+            return await runtime.rollback(session, request.checkpoint)
 
     @_with_request(DiffRequest)
     async def diff(request: DiffRequest) -> StateDiff:
@@ -249,10 +263,12 @@ def build_server(runtime: Runtime) -> MCPServer:
         started/gone (pid, command) and listening ports opened/closed. Only a: a session is
         compared with its latest checkpoint (what a rollback would undo), a checkpoint with
         its session now. /proc, /sys, /dev, /run, /tmp and /etc/hostname are left out."""
-        return await runtime.diff(
-            request.a, request.b, patch=request.patch, include_tmp=request.include_tmp,
-            exclude=request.exclude,
-        )  # fmt: skip
+        forks = await asyncio.to_thread(runtime.diff_forks, request.a, request.b)
+        with await runtime.admission.scratch(forks):
+            return await runtime.diff(
+                request.a, request.b, patch=request.patch, include_tmp=request.include_tmp,
+                exclude=request.exclude,
+            )  # fmt: skip
 
     async def history(session: str) -> dict[str, list[HistoryStep]]:
         """The steps of a session created with history=true, oldest first: for each, the
@@ -265,7 +281,9 @@ def build_server(runtime: Runtime) -> MCPServer:
         """Undo the last step(s) of a session created with history=true: roll it back to
         the checkpoint taken before them, including processes they killed or started and
         files they wrote or deleted. steps=2 undoes the last two commands/writes."""
-        return await runtime.undo(session, request.steps)
+        ticket, _ = await runtime.admission.rollback(session)
+        with ticket:
+            return await runtime.undo(session, request.steps)
 
     async def list_sessions() -> dict[str, list[Session]]:
         """Every session with its state and forwarded ports."""
@@ -303,6 +321,10 @@ def run_stdio(runtime: Runtime | None = None) -> None:
     """Serve the tools on stdin/stdout until the client disconnects."""
     rt = runtime or Runtime.open()
     try:
+        try:
+            rt.limit_admission(ApiLimits.from_env())
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
         build_server(rt).run("stdio")
     finally:
         if runtime is None:

@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 from forkpoint import faults
 from forkpoint.agent_client import AgentClient, OutputCallback, fresh_identity
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
-from forkpoint.config import Home, home
+from forkpoint.config import ApiLimits, Home, home
 from forkpoint.errors import (
     AgentError,
     Conflict,
@@ -71,6 +71,7 @@ from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.process import is_running
 
 from . import processes
+from .admission import UNLIMITED, Admission
 from .agents import AgentPool
 from .capacity import SESSION_BYTES, checkpoint_bytes, host_limits, require_space
 from .checkpoints import Checkpointer, CheckpointOrigin
@@ -147,6 +148,8 @@ class Runtime(Queries):
         self.refill_in_background = False
         self._background: set[asyncio.Task[object]] = set()
         self.standbys = Standbys(self.home, store)
+        #: What a long-lived door lets in; everything until one calls :meth:`limit_admission`.
+        self.admission = Admission(UNLIMITED, self)
         self._agents = AgentPool(
             lambda session_id: global_lock_async(
                 self.home, f"agent-{session_id}", timeout_s=_AGENT_LOCK_TIMEOUT_S
@@ -166,6 +169,14 @@ class Runtime(Queries):
 
     def close(self) -> None:
         self.store.close()
+
+    def limit_admission(self, limits: ApiLimits) -> Admission:
+        """From now on admit heavy operations within ``limits``: every long-lived door (the
+        REST server, the E2B gateway, MCP) calls this once; doors sharing a runtime share
+        the first limits set, and so one count of what runs."""
+        if self.admission.limits == UNLIMITED:
+            self.admission = Admission(limits, self)
+        return self.admission
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -2,10 +2,10 @@
 
 Every handler awaits one runtime call; sessions are protected by the runtime's
 inter-process locks. What this layer adds: the heavy calls (create, fork, checkpoint,
-rollback) are admitted by :mod:`~forkpoint.server.admission` (429 + ``Retry-After`` past a
-limit) and answer within a bounded ``wait`` or with a 202 operation to poll
-(:mod:`~forkpoint.server.operations`). Responses carry OpenAPI links from each new id to
-the operations that take it. Errors always have the shape ``{"error": {"code",
+rollback) are admitted by the runtime's policy (:mod:`~forkpoint.runtime.admission`:
+429 + ``Retry-After`` past a limit) and answer within a bounded ``wait`` or with a 202
+operation to poll (:mod:`~forkpoint.server.operations`). Responses carry OpenAPI links
+from each new id to the operations that take it. Errors always have the shape ``{"error": {"code",
 "message"}}``: a :class:`~forkpoint.errors.ForkpointError` maps to its ``http_status``
 (400 bad input, 404 unknown id, 409 wrong state, 408 command timeout, 429 busy), request
 validation to 422, oversized bodies to 413, a missing/wrong token to 401.
@@ -49,7 +49,6 @@ from forkpoint.models import (
     Port,
     Process,
     Session,
-    SessionState,
     StateDiff,
 )
 from forkpoint.requests import (
@@ -71,8 +70,8 @@ from forkpoint.requests import (
     describe_invalid,
 )
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.admission import Admission, Ticket
 
-from .admission import Admission, count_live
 from .middleware import BearerAuth, BodyLimit, BodyTooLarge
 from .operations import Operations
 from .ui import UiLogin, ui_router
@@ -205,10 +204,7 @@ def create_app(
             limits = ApiLimits.from_env()
         except ValueError as error:
             raise InvalidInput(str(error)) from None
-    admission = Admission(
-        limits,
-        lambda: count_live([session.state for session in runtime.list_sessions()]),
-    )
+    admission = runtime.limit_admission(limits)
     operations = Operations()
     app = FastAPI(
         title="forkpoint",
@@ -271,11 +267,10 @@ def _router(
     default_wait = admission.limits.wait_s
 
     async def heavy(
-        kind: OperationKind, target: str | None, work: Callable[[], Awaitable[Any]],
-        wait: float, new_sessions: int = 0,
+        kind: OperationKind, target: str | None, ticket: Ticket,
+        work: Callable[[], Awaitable[Any]], wait: float,
     ) -> Any:  # fmt: skip
-        """Admit, run and wait (bounded) for one heavy operation: its value, or a 202."""
-        ticket = await admission.admit(new_sessions)
+        """Run and wait (bounded) for one admitted heavy operation: its value, or a 202."""
         # The slot is the task's from here: released when the work ends, not when this
         # request does (a client that hangs up does not stop the work, nor free its slot).
         value, operation = await operations.run(
@@ -305,7 +300,8 @@ def _router(
         async def work() -> Session:
             return await runtime.create(**body.model_dump())
 
-        return await heavy(OperationKind.CREATE, None, work, wait, new_sessions=1)  # type: ignore[no-any-return]
+        ticket = await admission.create()
+        return await heavy(OperationKind.CREATE, None, ticket, work, wait)  # type: ignore[no-any-return]
 
     @r.get(
         "/sessions",
@@ -337,26 +333,19 @@ def _router(
     async def rollback(
         session_id: SessionId, body: RollbackRequest, wait: Wait = default_wait
     ) -> Session:
-        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
-        reviving = session.state not in (SessionState.RUNNING, SessionState.CREATING)
+        ticket, session = await admission.rollback(session_id)
 
         async def work() -> Session:
             return await runtime.rollback(session_id, body.checkpoint)
 
-        return await heavy(  # type: ignore[no-any-return]
-            OperationKind.ROLLBACK, session.id, work, wait, new_sessions=int(reviving)
-        )
+        return await heavy(OperationKind.ROLLBACK, session.id, ticket, work, wait)  # type: ignore[no-any-return]
 
     # -- history and diffs -------------------------------------------------------------
 
     async def with_scratch(scratch_sessions: int, work: Callable[[], Awaitable[Any]]) -> Any:
-        """A diff or preview boots a short-lived fork of each checkpoint it looks at: those
-        count against the session cap while it runs (not against the heavy slots)."""
-        ticket = await admission.admit(scratch_sessions, heavy=False)
-        try:
+        """A diff or preview boots a short-lived fork of each checkpoint it looks at."""
+        with await admission.scratch(scratch_sessions):
             return await work()
-        finally:
-            ticket.release()
 
     @r.post(
         "/sessions/{session_id}/rollback/preview",
@@ -396,15 +385,12 @@ def _router(
     )
     async def undo(session_id: SessionId, body: UndoRequest, wait: Wait = default_wait) -> Session:
         """Roll back to before the last ``steps`` steps, processes included."""
-        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
-        reviving = session.state not in (SessionState.RUNNING, SessionState.CREATING)
+        ticket, session = await admission.rollback(session_id)
 
         async def work() -> Session:
             return await runtime.undo(session_id, body.steps)
 
-        return await heavy(  # type: ignore[no-any-return]
-            OperationKind.ROLLBACK, session.id, work, wait, new_sessions=int(reviving)
-        )
+        return await heavy(OperationKind.ROLLBACK, session.id, ticket, work, wait)  # type: ignore[no-any-return]
 
     # -- commands ----------------------------------------------------------------------
 
@@ -533,12 +519,12 @@ def _router(
     async def checkpoint(
         session_id: SessionId, body: CheckpointRequest, wait: Wait = default_wait
     ) -> Checkpoint:
-        session = await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
+        ticket, session = await admission.checkpoint(session_id)
 
         async def work() -> Checkpoint:
             return await runtime.checkpoint(session_id, body.name)
 
-        return await heavy(OperationKind.CHECKPOINT, session.id, work, wait)  # type: ignore[no-any-return]
+        return await heavy(OperationKind.CHECKPOINT, session.id, ticket, work, wait)  # type: ignore[no-any-return]
 
     @r.get(
         "/checkpoints",
@@ -568,15 +554,13 @@ def _router(
     async def fork(
         checkpoint_id: CheckpointId, body: ForkRequest, wait: Wait = default_wait
     ) -> list[Session | ErrorResponse]:
-        source = await asyncio.to_thread(runtime.get_checkpoint, checkpoint_id)  # 404 first
+        ticket, source = await admission.fork(checkpoint_id, body.count)
 
         async def work() -> list[Session | ErrorResponse]:
             results = await runtime.fork(checkpoint_id, body.count)
             return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
 
-        return await heavy(  # type: ignore[no-any-return]
-            OperationKind.FORK, source.id, work, wait, new_sessions=body.count
-        )
+        return await heavy(OperationKind.FORK, source.id, ticket, work, wait)  # type: ignore[no-any-return]
 
     # -- portable checkpoints ----------------------------------------------------------
 
