@@ -102,7 +102,7 @@ class FakeRuntime:
             raise NotFound(f"unknown checkpoint: {checkpoint}")
         return CHECKPOINT
 
-    def limit_admission(self, limits: ApiLimits) -> Admission:
+    def serve_long_lived(self, limits: ApiLimits) -> Admission:
         """The runtime's own policy, over this fake's sessions."""
         self.admission = Admission(limits, self)
         return self.admission

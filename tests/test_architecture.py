@@ -185,9 +185,9 @@ def _blocking(call: ast.Call) -> str | None:
     return None
 
 
-# Runtime methods that are neither coroutines nor blocking: they name paths, or set the
-# admission policy.
-_RUNTIME_PURE = {"files", "checkpoint_files", "limit_admission"}
+# Runtime methods that are neither coroutines nor blocking: they name paths, or set how a
+# long-lived door's runtime runs.
+_RUNTIME_PURE = {"files", "checkpoint_files", "serve_long_lived"}
 
 
 @functools.cache

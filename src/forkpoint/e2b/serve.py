@@ -57,7 +57,7 @@ async def run_gateway(
     """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set."""
     use_fan_out_pool()
     try:
-        runtime.limit_admission(config.limits or ApiLimits.from_env())
+        runtime.serve_long_lived(config.limits or ApiLimits.from_env())
     except ValueError as error:
         raise InvalidInput(str(error)) from None
     sandboxes = Sandboxes(runtime, config)

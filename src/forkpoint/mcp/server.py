@@ -322,7 +322,7 @@ def run_stdio(runtime: Runtime | None = None) -> None:
     rt = runtime or Runtime.open()
     try:
         try:
-            rt.limit_admission(ApiLimits.from_env())
+            rt.serve_long_lived(ApiLimits.from_env())
         except ValueError as error:
             raise InvalidInput(str(error)) from None
         build_server(rt).run("stdio")

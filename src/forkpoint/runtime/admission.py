@@ -17,7 +17,7 @@ What each operation costs is decided here, once (:meth:`Admission.create`, ``for
 a ``NotFound``, never a ``Busy``. A door holds the :class:`Ticket` until the operation
 ends, also when its client stopped waiting. Refusals are immediate: nothing waits here.
 A runtime admits everything until a long-lived door sets limits
-(:meth:`Runtime.limit_admission <forkpoint.runtime.Runtime.limit_admission>`); a CLI
+(:meth:`Runtime.serve_long_lived <forkpoint.runtime.Runtime.serve_long_lived>`); a CLI
 command is bounded by the host's limits alone (``runtime/capacity.py``).
 """
 

@@ -142,13 +142,13 @@ class Runtime(Queries):
         #: Sessions this process forked only to look at a checkpoint (diffs); gone soon.
         self.scratch_sessions: set[str] = set()
         self.warm = WarmPool(self.home, store)
-        #: A long-lived process (the server) refills warm VMs after a create and prepares
-        #: rollback standbys after a checkpoint or rollback in the background; a CLI process
-        #: does so once it has printed its result (``fill_warm``, ``prepare_rollback``).
+        #: A long-lived door (:meth:`serve_long_lived`) refills warm VMs after a create and
+        #: prepares rollback standbys after a checkpoint or rollback in the background; a CLI
+        #: process does so once it has printed its result (``fill_warm``, ``prepare_rollback``).
         self.refill_in_background = False
         self._background: set[asyncio.Task[object]] = set()
         self.standbys = Standbys(self.home, store)
-        #: What a long-lived door lets in; everything until one calls :meth:`limit_admission`.
+        #: What a long-lived door lets in; everything until one calls :meth:`serve_long_lived`.
         self.admission = Admission(UNLIMITED, self)
         self._agents = AgentPool(
             lambda session_id: global_lock_async(
@@ -170,10 +170,13 @@ class Runtime(Queries):
     def close(self) -> None:
         self.store.close()
 
-    def limit_admission(self, limits: ApiLimits) -> Admission:
-        """From now on admit heavy operations within ``limits``: every long-lived door (the
-        REST server, the E2B gateway, MCP) calls this once; doors sharing a runtime share
-        the first limits set, and so one count of what runs."""
+    def serve_long_lived(self, limits: ApiLimits) -> Admission:
+        """Run as the runtime of a long-lived door (the REST server, the E2B gateway, MCP),
+        each of which calls this once: admit heavy operations within ``limits``, and
+        refill warm VMs after a create and prepare rollback standbys after a checkpoint or
+        rollback in the background. Doors sharing a runtime share the first limits set,
+        and so one count of what runs."""
+        self.refill_in_background = True
         if self.admission.limits == UNLIMITED:
             self.admission = Admission(limits, self)
         return self.admission

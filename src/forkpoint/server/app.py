@@ -198,13 +198,12 @@ def create_app(
     needs ``Authorization: Bearer <token>``. Body caps in bytes; ``limits``: what it
     admits (default: from the environment, :meth:`ApiLimits.from_env`). ``login_token``:
     the one-time token of the web page's login URL (``/ui/login?token=``; see ``ui.py``)."""
-    runtime.refill_in_background = True  # a long-lived process: creates refill warm VMs
     if limits is None:
         try:
             limits = ApiLimits.from_env()
         except ValueError as error:
             raise InvalidInput(str(error)) from None
-    admission = runtime.limit_admission(limits)
+    admission = runtime.serve_long_lived(limits)
     operations = Operations()
     app = FastAPI(
         title="forkpoint",
