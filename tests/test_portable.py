@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from forkpoint.errors import DamagedCheckpoint, NotFound
+from forkpoint.errors import DamagedCheckpoint, NotConfigured, NotFound
 from forkpoint.runtime.portable.bundle import (
     Blob,
     LayerBlob,
@@ -157,6 +157,23 @@ def test_an_archive_holds_the_objects_written(tmp_path: Path) -> None:
     reader.get_file("blobs/y", tmp_path / "out")
     assert (tmp_path / "out").read_bytes() == b"y" * 300
     reader.close()
+
+
+def test_a_host_without_s3_credentials_is_not_configured(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A valid push or pull on a host with no credentials: 409 not_configured, not a 400
+    (the API fuzzer saw push and pull requests valid by the schema refused as invalid)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    import boto3
+
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # it keeps the credentials it found
+    with pytest.raises(NotConfigured, match="no S3 credentials") as refused:
+        S3Store(s3.url("unit")).has("blobs/a")
+    assert refused.value.http_status == 409 and refused.value.code == "not_configured"
 
 
 @pytest.mark.parametrize(

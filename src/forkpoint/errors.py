@@ -56,6 +56,7 @@ __all__ = [
     "InternalError",
     "InvalidInput",
     "LimitExceeded",
+    "NotConfigured",
     "NotFound",
     "QemuError",
     "UnknownCheckpoint",
@@ -208,6 +209,13 @@ class DamagedCheckpoint(Conflict):
     missing, or an object pulled from a store not matching its digest."""
 
     code = "damaged_checkpoint"
+
+
+class NotConfigured(Conflict):
+    """A valid request this host is not set up for (no S3 credentials for a push or pull):
+    409, not 400 — nothing in the request could make it pass."""
+
+    code = "not_configured"
 
 
 class CommandTimeout(ForkpointError):

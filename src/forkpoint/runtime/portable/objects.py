@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from forkpoint.errors import DamagedCheckpoint, InternalError, InvalidInput, NotFound
+from forkpoint.errors import (
+    DamagedCheckpoint,
+    InternalError,
+    InvalidInput,
+    NotConfigured,
+    NotFound,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -221,7 +227,7 @@ def _s3_error(error: Exception, what: str) -> Exception:
     if _status(error) == 404:
         return NotFound(f"not in the store: {what.split(' ', 1)[1]}")
     if isinstance(error, NoCredentialsError):
-        return InvalidInput(
+        return NotConfigured(
             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile)"
         )
     return InternalError(f"S3 {what} failed: {error}")
