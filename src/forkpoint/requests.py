@@ -31,6 +31,8 @@ from pydantic_core import PydanticCustomError
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
     MAX_CPUS,
     MAX_DISK_MIB,
     MAX_EGRESS_RULES,
@@ -219,8 +221,8 @@ def _distinct(ports: tuple[int, ...]) -> tuple[int, ...]:
 
 class CreateSessionRequest(_Request):
     image: Name = "default"
-    memory_mib: MemoryMiB = 512
-    cpus: Cpus = 1
+    memory_mib: MemoryMiB = DEFAULT_MEMORY_MIB
+    cpus: Cpus = DEFAULT_CPUS
     name: Name | None = None
     ports: Annotated[
         tuple[GuestPort, ...],

@@ -26,6 +26,7 @@ from forkpoint.cli.options import CpusOption, ImageOption, MemoryOption, Network
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
 from forkpoint.errors import InvalidInput
+from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB
 
 if TYPE_CHECKING:
     from forkpoint.models import Limits, Port, Session
@@ -47,8 +48,8 @@ def register(app: typer.Typer) -> None:
 @reports_errors
 def create_command(
     image: ImageOption = "default",
-    memory: MemoryOption = 512,
-    cpus: CpusOption = 1,
+    memory: MemoryOption = DEFAULT_MEMORY_MIB,
+    cpus: CpusOption = DEFAULT_CPUS,
     name: Annotated[
         str | None, typer.Option("--name", help="A name to use instead of the id.")
     ] = None,

@@ -14,6 +14,7 @@ from forkpoint.cli._run import print_table, run, short_time, spinner
 from forkpoint.cli.options import CpusOption, ImageOption, MemoryOption, NetworkOption
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
 from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB
 
 if TYPE_CHECKING:
     from forkpoint.config import HostLimits
@@ -29,8 +30,8 @@ def register(app: typer.Typer) -> None:
 @reports_errors
 def warm_command(
     image: ImageOption = "default",
-    memory: MemoryOption = 512,
-    cpus: CpusOption = 1,
+    memory: MemoryOption = DEFAULT_MEMORY_MIB,
+    cpus: CpusOption = DEFAULT_CPUS,
     network: NetworkOption = "user",
     port: Annotated[
         list[int] | None,

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from forkpoint.config import ApiLimits
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
-from forkpoint.models import Checkpoint, Network, Session, SessionState
+from forkpoint.models import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
+    Checkpoint,
+    Network,
+    Session,
+    SessionState,
+)
 from forkpoint.runtime import Runtime
 from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
 
@@ -36,8 +43,8 @@ class GatewayConfig:
     domain: str = "localhost:3001"
     default_timeout_s: int = 300
     envd_version: str = "0.5.7"
-    memory_mib: int = 512
-    cpus: int = 1
+    memory_mib: int = DEFAULT_MEMORY_MIB
+    cpus: int = DEFAULT_CPUS
     #: What the gateway admits (the runtime's policy); None: ``ApiLimits.from_env()``.
     limits: ApiLimits | None = None
 

@@ -91,6 +91,8 @@ __all__ = [
     "MAX_DISK_MIB",
     "MAX_EGRESS_RULES",
     "MAX_FORKS",
+    "DEFAULT_CPUS",
+    "DEFAULT_MEMORY_MIB",
     "MAX_MEMORY_MIB",
     "MAX_PORTS",
     "MAX_TIMEOUT_S",
@@ -132,6 +134,8 @@ __all__ = [
 # -- limits ----------------------------------------------------------------------------
 
 MIN_MEMORY_MIB, MAX_MEMORY_MIB = 128, 65536  # guest RAM
+# A session's shape when none is asked for: every door's default (one place).
+DEFAULT_MEMORY_MIB, DEFAULT_CPUS = 512, 1
 MAX_DISK_MIB = 1 << 20  # a session's virtual disk (create --disk); at least the image's
 MAX_CPUS = 64
 MAX_FORKS = 128  # sessions one fork call may start (the bench forks 100)

@@ -38,6 +38,8 @@ from forkpoint.errors import (
 )
 from forkpoint.images import Image, get_image
 from forkpoint.models import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
     BackgroundProcess,
     Checkpoint,
     CheckpointKind,
@@ -234,8 +236,8 @@ class Runtime(Queries):
         self,
         *,
         image: str = "default",
-        memory_mib: int = 512,
-        cpus: int = 1,
+        memory_mib: int = DEFAULT_MEMORY_MIB,
+        cpus: int = DEFAULT_CPUS,
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
@@ -301,8 +303,8 @@ class Runtime(Queries):
         self,
         *,
         image: str = "default",
-        memory_mib: int = 512,
-        cpus: int = 1,
+        memory_mib: int = DEFAULT_MEMORY_MIB,
+        cpus: int = DEFAULT_CPUS,
         network: Network | str = Network.USER,
         ports: Sequence[int] = (),
         checkpoint: str | None = None,
@@ -357,7 +359,9 @@ class Runtime(Queries):
                 f"FORKPOINT_MAX_SESSIONS={most}: remove or stop some first"
             )
 
-    async def prepare(self, image: str = "default", memory_mib: int = 512, cpus: int = 1) -> float:
+    async def prepare(
+        self, image: str = "default", memory_mib: int = DEFAULT_MEMORY_MIB, cpus: int = DEFAULT_CPUS
+    ) -> float:
         """Make sure the image's template exists (booting it once if needed); returns ms.
 
         ``create`` does this itself; call it first to keep that one-time boot out of a

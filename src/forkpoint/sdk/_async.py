@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
     BackgroundProcess,
     CheckpointTransfer,
     CommandResult,
@@ -165,8 +167,8 @@ class AsyncSandbox:
         cls,
         image: str = "default",
         *,
-        memory_mib: int = 512,
-        cpus: int = 1,
+        memory_mib: int = DEFAULT_MEMORY_MIB,
+        cpus: int = DEFAULT_CPUS,
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,

@@ -6,6 +6,8 @@ from typing import Any, Literal, overload
 
 from forkpoint.errors import ForkpointError
 from forkpoint.models import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
     BackgroundProcess,
     CheckpointTransfer,
     CommandResult,
@@ -68,8 +70,8 @@ class Sandbox(SyncTwin):
         cls,
         image: str = "default",
         *,
-        memory_mib: int = 512,
-        cpus: int = 1,
+        memory_mib: int = DEFAULT_MEMORY_MIB,
+        cpus: int = DEFAULT_CPUS,
         name: str | None = None,
         ports: Sequence[int] = (),
         network: Network | str = Network.USER,
