@@ -41,10 +41,13 @@ ALLOWED: dict[str, set[str]] = {
         "polling",
         "faults",
     },
+    # the operations, declared once; the runtime only for the calls' types
+    "api": {"models", "requests", "runtime", "errors", "config"},
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
-    "sdk": {"models", "runtime", "server", "protocol", "errors", "config"},
+    "sdk": {"api", "models", "runtime", "server", "protocol", "errors", "config"},
     # browser: the web page's screenshot thumbnails (server/ui.py), imported when asked
     "server": {
+        "api",
         "models",
         "requests",
         "runtime",
@@ -56,7 +59,10 @@ ALLOWED: dict[str, set[str]] = {
     },
     # the E2B gateway: like server, plus its own table in the store (store/e2b.py)
     "e2b": {"models", "requests", "runtime", "store", "errors", "config", "threads"},
-    "mcp": {"models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors", "config"},
+    "mcp": {
+        "api", "models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors",
+        "config",
+    },  # fmt: skip
     "demo": {"models", "runtime", "sdk", "browser", "agent_client", "protocol", "errors", "config"},
     "bench": {
         "e2b",

@@ -69,6 +69,7 @@ class Lookups(Protocol):
     def list_sessions(self) -> list[Session]: ...
     def get(self, session: str) -> Session: ...
     def get_checkpoint(self, checkpoint: str) -> Checkpoint: ...
+    def diff_forks(self, a: str, b: str | None = None) -> int: ...
 
 
 class Admission:
@@ -76,7 +77,8 @@ class Admission:
 
     def __init__(self, limits: ApiLimits, lookups: Lookups) -> None:
         self.limits = limits
-        self._lookups = lookups
+        #: The queries its costs need (the runtime's).
+        self.lookups = lookups
         self._lock = asyncio.Lock()
         self._heavy = 0
         self._starting = 0  # sessions that admitted operations may still start
@@ -90,20 +92,24 @@ class Admission:
 
     async def fork(self, checkpoint: str, count: int) -> tuple[Ticket, Checkpoint]:
         """:raises NotFound: no such checkpoint (before any ``Busy``)."""
-        source = await asyncio.to_thread(self._lookups.get_checkpoint, checkpoint)
+        source = await asyncio.to_thread(self.lookups.get_checkpoint, checkpoint)
         return await self.admit(count), source
 
     async def checkpoint(self, session: str) -> tuple[Ticket, Session]:
         """:raises NotFound: no such session (before any ``Busy``)."""
-        found = await asyncio.to_thread(self._lookups.get, session)
+        found = await asyncio.to_thread(self.lookups.get, session)
         return await self.admit(0), found
 
     async def rollback(self, session: str) -> tuple[Ticket, Session]:
         """A rollback or undo: it starts a session again if it is not running (crashed,
         stopped, paused). :raises NotFound: no such session (before any ``Busy``)."""
-        found = await asyncio.to_thread(self._lookups.get, session)
+        found = await asyncio.to_thread(self.lookups.get, session)
         reviving = found.state not in _LIVE
         return await self.admit(int(reviving)), found
+
+    def free(self) -> Ticket:
+        """The ticket of an operation that costs nothing here."""
+        return Ticket(self, 0, heavy=False)
 
     async def scratch(self, forks: int) -> Ticket:
         """A diff's or rollback preview's short-lived forks: they count against the session
@@ -131,7 +137,7 @@ class Admission:
                 f"this server runs at most {cap} sessions; {new_sessions} cannot start at once"
             )
         if self.limits == UNLIMITED:
-            return Ticket(self, 0, heavy=False)
+            return self.free()
         async with self._lock:
             if heavy and self._heavy >= self.limits.max_heavy:
                 raise Busy(
@@ -158,7 +164,7 @@ class Admission:
         self._starting -= ticket.sessions
 
     def _live_sessions(self) -> int:
-        return count_live([session.state for session in self._lookups.list_sessions()])
+        return count_live([session.state for session in self.lookups.list_sessions()])
 
 
 def count_live(states: list[SessionState]) -> int:

@@ -14,6 +14,8 @@ validation to 422, oversized bodies to 413, a missing/wrong token to 401.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import math
 import signal as signals
 import tempfile
@@ -32,41 +34,25 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from forkpoint import __version__
+from forkpoint.api import OPERATIONS, Op, admit
 from forkpoint.config import MAX_WAIT_S, ApiLimits
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     RESERVED_CHECKPOINT_NAMES,
     BackgroundProcess,
     Checkpoint,
-    CheckpointTransfer,
     CommandResult,
     ErrorResponse,
     FileEntry,
     Health,
-    HistoryStep,
     Operation,
     OperationKind,
-    Port,
-    Process,
-    Session,
-    StateDiff,
 )
 from forkpoint.requests import (
     BackgroundExecRequest,
-    CheckpointRequest,
-    CreateSessionRequest,
-    DiffRequest,
     ExecRequest,
-    ForkRequest,
     GuestPath,
-    PortRequest,
-    PullRequest,
-    PushRequest,
     Ref,
-    RollbackPreviewRequest,
-    RollbackRequest,
-    TimeoutRequest,
-    UndoRequest,
     describe_invalid,
 )
 from forkpoint.runtime import Runtime
@@ -287,109 +273,38 @@ def _router(
     async def health() -> Health:
         return Health(status="ok", version=__version__)
 
-    # -- sessions ----------------------------------------------------------------------
+    # -- the declared operations (api/table.py) ---------------------------------------
 
-    @r.post(
-        "/sessions",
-        status_code=201,
-        tags=["sessions"],
-        responses={**_HEAVY, 201: {"links": _session_links("$response.body#/id")}},
-    )
-    async def create_session(body: CreateSessionRequest, wait: Wait = default_wait) -> Session:
-        async def work() -> Session:
-            return await runtime.create(**body.model_dump())
+    def route(op: Op) -> None:
+        """``op`` as a route: its ids as path parameters, its request as the body, a heavy
+        one's ``?wait=``; admitted by the runtime's policy before it runs."""
+        heavy_kind = op.cost.kind if op.cost is not None else None
+        params = [_keyword(name, _ID_PARAMS[name]) for name in op.ids]
+        if op.request is not None:
+            params.append(_keyword("body", op.request))
+        if heavy_kind is not None:
+            params.append(_keyword("wait", Wait, default_wait))
 
-        ticket = await admission.create()
-        return await heavy(OperationKind.CREATE, None, ticket, work, wait)  # type: ignore[no-any-return]
+        async def handler(**arguments: Any) -> Any:
+            ids = {name: arguments[name] for name in op.ids}
+            body = arguments.get("body")
+            ticket, target = await admit(op, admission, ids, body)
+            if heavy_kind is not None:
+                work = functools.partial(op.call, runtime, ids, body)
+                return await heavy(heavy_kind, target, ticket, work, arguments["wait"])
+            with ticket:
+                value = await op.call(runtime, ids, body)
+            return Response(status_code=204) if op.response is None else value
 
-    @r.get(
-        "/sessions",
-        tags=["sessions"],
-        responses={200: {"links": _session_links("$response.body#/0/id")}},
-    )
-    async def list_sessions() -> list[Session]:
-        return await asyncio.to_thread(runtime.list_sessions)
+        handler.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        r.add_api_route(
+            op.path, handler, methods=[op.method], name=op.name, status_code=op.status,
+            response_model=op.response, summary=op.summary, description=op.description,
+            tags=[op.tag], responses=_responses(op),
+        )  # fmt: skip
 
-    @r.get("/sessions/{session_id}", tags=["sessions"])
-    async def get_session(session_id: SessionId) -> Session:
-        return await asyncio.to_thread(runtime.get, session_id)
-
-    @r.delete("/sessions/{session_id}", status_code=204, tags=["sessions"])
-    async def remove_session(session_id: SessionId) -> Response:
-        await runtime.remove(session_id)
-        return Response(status_code=204)
-
-    @r.post("/sessions/{session_id}/timeout", tags=["sessions"])
-    async def set_timeout(session_id: SessionId, body: TimeoutRequest) -> Session:
-        """The session is removed ``timeout_s`` seconds from now (null: never)."""
-        return await runtime.set_timeout(session_id, body.timeout_s)
-
-    @r.post(
-        "/sessions/{session_id}/rollback",
-        tags=["sessions"],
-        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/id")}},
-    )
-    async def rollback(
-        session_id: SessionId, body: RollbackRequest, wait: Wait = default_wait
-    ) -> Session:
-        ticket, session = await admission.rollback(session_id)
-
-        async def work() -> Session:
-            return await runtime.rollback(session_id, body.checkpoint)
-
-        return await heavy(OperationKind.ROLLBACK, session.id, ticket, work, wait)  # type: ignore[no-any-return]
-
-    # -- history and diffs -------------------------------------------------------------
-
-    async def with_scratch(scratch_sessions: int, work: Callable[[], Awaitable[Any]]) -> Any:
-        """A diff or preview boots a short-lived fork of each checkpoint it looks at."""
-        with await admission.scratch(scratch_sessions):
-            return await work()
-
-    @r.post(
-        "/sessions/{session_id}/rollback/preview",
-        tags=["history"],
-        responses={429: _HEAVY[429]},
-    )
-    async def rollback_preview(session_id: SessionId, body: RollbackPreviewRequest) -> StateDiff:
-        """What the rollback would undo (files, processes, listening ports); changes nothing."""
-        await asyncio.to_thread(runtime.get, session_id)  # 404 before any 429
-        return await with_scratch(  # type: ignore[no-any-return]
-            1, lambda: runtime.rollback_preview(session_id, body.checkpoint, patch=body.patch)
-        )
-
-    @r.post("/diff", tags=["history"], responses={429: _HEAVY[429]})
-    async def diff(body: DiffRequest) -> StateDiff:
-        """What changed from checkpoint or session ``a`` to ``b``."""
-        forks = await asyncio.to_thread(runtime.diff_forks, body.a, body.b)  # 404 before 429
-        return await with_scratch(  # type: ignore[no-any-return]
-            forks,
-            lambda: runtime.diff(
-                body.a,
-                body.b,
-                patch=body.patch,
-                include_tmp=body.include_tmp,
-                exclude=body.exclude,
-            ),
-        )
-
-    @r.get("/sessions/{session_id}/history", tags=["history"])
-    async def history(session_id: SessionId) -> list[HistoryStep]:
-        return await asyncio.to_thread(runtime.history, session_id)
-
-    @r.post(
-        "/sessions/{session_id}/undo",
-        tags=["history"],
-        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/id")}},
-    )
-    async def undo(session_id: SessionId, body: UndoRequest, wait: Wait = default_wait) -> Session:
-        """Roll back to before the last ``steps`` steps, processes included."""
-        ticket, session = await admission.rollback(session_id)
-
-        async def work() -> Session:
-            return await runtime.undo(session_id, body.steps)
-
-        return await heavy(OperationKind.ROLLBACK, session.id, ticket, work, wait)  # type: ignore[no-any-return]
+    for op in OPERATIONS:
+        route(op)
 
     # -- commands ----------------------------------------------------------------------
 
@@ -427,10 +342,6 @@ def _router(
             session_id, command, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(),
             timeout=body.timeout, output_encoding=body.output_encoding,
         )  # fmt: skip
-
-    @r.get("/sessions/{session_id}/processes", tags=["commands"])
-    async def processes(session_id: SessionId) -> list[Process]:
-        return await runtime.ps(session_id)
 
     @r.delete("/sessions/{session_id}/processes/{pid}", status_code=204, tags=["commands"])
     async def kill_process(
@@ -501,30 +412,6 @@ def _router(
     async def list_files(session_id: SessionId, path: GuestPathQuery) -> list[FileEntry]:
         return await runtime.list_files(session_id, path)
 
-    # -- ports -------------------------------------------------------------------------
-
-    @r.post("/sessions/{session_id}/ports", tags=["ports"])
-    async def forward_port(session_id: SessionId, body: PortRequest) -> Port:
-        return await runtime.forward_port(session_id, body.guest_port)
-
-    # -- checkpoints -------------------------------------------------------------------
-
-    @r.post(
-        "/sessions/{session_id}/checkpoints",
-        status_code=201,
-        tags=["checkpoints"],
-        responses={**_HEAVY, 201: {"links": _checkpoint_links()}},
-    )
-    async def checkpoint(
-        session_id: SessionId, body: CheckpointRequest, wait: Wait = default_wait
-    ) -> Checkpoint:
-        ticket, session = await admission.checkpoint(session_id)
-
-        async def work() -> Checkpoint:
-            return await runtime.checkpoint(session_id, body.name)
-
-        return await heavy(OperationKind.CHECKPOINT, session.id, ticket, work, wait)  # type: ignore[no-any-return]
-
     @r.get(
         "/checkpoints",
         tags=["checkpoints"],
@@ -534,50 +421,6 @@ def _router(
         session: Annotated[Ref | None, Query(description="Only this session's.")] = None,
     ) -> list[Checkpoint]:
         return await asyncio.to_thread(runtime.list_checkpoints, session)
-
-    @r.get("/checkpoints/{checkpoint_id:checkpoint_ref}", tags=["checkpoints"])
-    async def get_checkpoint(checkpoint_id: CheckpointId) -> Checkpoint:
-        return await asyncio.to_thread(runtime.get_checkpoint, checkpoint_id)
-
-    @r.delete("/checkpoints/{checkpoint_id:checkpoint_ref}", status_code=204, tags=["checkpoints"])
-    async def remove_checkpoint(checkpoint_id: CheckpointId) -> Response:
-        await runtime.remove_checkpoint(checkpoint_id)
-        return Response(status_code=204)
-
-    @r.post(
-        "/checkpoints/{checkpoint_id}/fork",
-        tags=["checkpoints"],
-        summary="Start sessions from a checkpoint; a failed fork is an error in its slot",
-        responses={**_HEAVY, 200: {"links": _session_links("$response.body#/0/id")}},
-    )
-    async def fork(
-        checkpoint_id: CheckpointId, body: ForkRequest, wait: Wait = default_wait
-    ) -> list[Session | ErrorResponse]:
-        ticket, source = await admission.fork(checkpoint_id, body.count)
-
-        async def work() -> list[Session | ErrorResponse]:
-            results = await runtime.fork(checkpoint_id, body.count)
-            return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
-
-        return await heavy(OperationKind.FORK, source.id, ticket, work, wait)  # type: ignore[no-any-return]
-
-    # -- portable checkpoints ----------------------------------------------------------
-
-    @r.post(
-        "/checkpoints/{checkpoint_id}/push",
-        tags=["checkpoints"],
-        responses={200: {"links": _pull_links()}},
-    )
-    async def push_checkpoint(checkpoint_id: CheckpointId, body: PushRequest) -> CheckpointTransfer:
-        """Upload the checkpoint, with what the bucket lacks of its lineage, to an
-        S3-compatible store; its id and name become refs to its digest."""
-        return await runtime.push_checkpoint(checkpoint_id, body.to)
-
-    @r.post("/checkpoints/pull", status_code=201, tags=["checkpoints"])
-    async def pull_checkpoint(body: PullRequest) -> CheckpointTransfer:
-        """Download a checkpoint (by digest or ref) into this home, verified; refused with
-        409 incompatible_checkpoint before any RAM moves if this host cannot restore it."""
-        return await runtime.pull_checkpoint(body.ref, body.source)
 
     # -- operations --------------------------------------------------------------------
 
@@ -616,6 +459,43 @@ _SESSION_TARGETS = {
     "history": {},
     "undo": {},
 }
+
+
+_ID_PARAMS = {"session_id": SessionId, "checkpoint_id": CheckpointId}
+
+
+def _keyword(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> Any:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+    )
+
+
+def _responses(op: Op) -> dict[int | str, dict[str, Any]]:
+    """The answers ``op`` documents beyond its success: 202/429 of a heavy one, 429 of one
+    that boots scratch forks or is a history step, and its success's OpenAPI links."""
+    out: dict[int | str, dict[str, Any]] = {}
+    if op.cost is not None:
+        out.update(_HEAVY if op.cost.kind is not None else {429: _HEAVY[429]})
+    if op.step:
+        out.update(_STEP)
+    links = _links_of(op.name)
+    if links:
+        out[op.status] = {"links": links}
+    return out
+
+
+def _links_of(name: str) -> dict[str, Any]:
+    """The OpenAPI links of an operation's success (what tells a client, and a stateful
+    fuzzer, where the ids it answers go)."""
+    if name in ("create_session", "rollback", "undo"):
+        return _session_links("$response.body#/id")
+    if name in ("list_sessions", "fork"):
+        return _session_links("$response.body#/0/id")
+    if name == "checkpoint":
+        return _checkpoint_links()
+    if name == "push_checkpoint":
+        return _pull_links()
+    return {}
 
 
 def _session_links(session_id: str) -> dict[str, Any]:

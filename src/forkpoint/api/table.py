@@ -1,0 +1,367 @@
+"""Every operation forkpoint offers through its doors, each declared once.
+
+An :class:`Op` says what an operation is — its name, request and response models, the
+runtime call, what admission it needs (heavy operations may answer 202), whether it is a
+history step, its HTTP method and path, its MCP tool — and the doors derive from it:
+REST routes (``server/app.py``), MCP tools (``mcp/server.py``) and the SDK's
+``ApiClient`` calls (``sdk/_client.py``). Adding an operation: its request/response
+models, the runtime method, one entry here, and (only if it prints something new) a CLI
+formatter. What a door adds stays in the door: REST's OpenAPI links, MCP's wrapping of
+lists in an object.
+
+The few operations whose shape is not "JSON in, JSON out" are wired by hand in each door
+and listed in :data:`BY_HAND`: ``exec`` (a foreground | background union answering two
+shapes), the file routes (raw bytes both ways), ``kill_process`` and ``list_checkpoints``
+(query parameters), health and the 202 operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from forkpoint.errors import ForkpointError
+from forkpoint.models import (
+    Checkpoint,
+    CheckpointTransfer,
+    ErrorResponse,
+    HistoryStep,
+    OperationKind,
+    Port,
+    Process,
+    Session,
+    StateDiff,
+)
+from forkpoint.requests import (
+    CheckpointRequest,
+    CreateSessionRequest,
+    DiffRequest,
+    ForkRequest,
+    PortRequest,
+    PullRequest,
+    PushRequest,
+    RollbackPreviewRequest,
+    RollbackRequest,
+    TimeoutRequest,
+    UndoRequest,
+)
+
+if TYPE_CHECKING:
+    from forkpoint.runtime import Runtime
+    from forkpoint.runtime.admission import Admission, Ticket
+
+__all__ = ["BY_HAND", "OPERATIONS", "Cost", "FileVerdict", "Op", "admit", "operation"]
+
+#: An operation's ids, by path parameter: ``session_id``, ``checkpoint_id``.
+Ids = dict[str, str]
+
+
+class Cost(enum.Enum):
+    """What admission an operation needs (``runtime/admission.py`` says how much)."""
+
+    CREATE = "create"
+    FORK = "fork"
+    CHECKPOINT = "checkpoint"
+    ROLLBACK = "rollback"  # rollback and undo: one session more if it was not running
+    PREVIEW = "preview"  # a rollback preview's scratch fork
+    DIFF = "diff"  # a diff's scratch forks
+
+    @property
+    def kind(self) -> OperationKind | None:
+        """The long-operation kind of a heavy cost (it may answer 202); None for scratch."""
+        return _KINDS.get(self)
+
+
+_KINDS = {
+    Cost.CREATE: OperationKind.CREATE,
+    Cost.FORK: OperationKind.FORK,
+    Cost.CHECKPOINT: OperationKind.CHECKPOINT,
+    Cost.ROLLBACK: OperationKind.ROLLBACK,
+}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation. ``call(runtime, ids, request)`` runs it; ``path`` (under ``/v1``)
+    names its ids; ``response`` None: nothing is answered (HTTP 204). ``summary`` is its
+    one line, ``description`` what an agent should know (the MCP tool's text)."""
+
+    name: str
+    method: str
+    path: str
+    call: Callable[..., Awaitable[Any]]
+    summary: str
+    tag: str
+    request: type[BaseModel] | None = None
+    response: Any = None
+    status: int = 200
+    cost: Cost | None = None
+    #: In a session keeping history it checkpoints first (REST: may answer 429).
+    step: bool = False
+    #: Exposed as an MCP tool (its parameters: the ids, then the request's fields).
+    mcp: bool = False
+    description: str = ""
+
+    @property
+    def ids(self) -> list[str]:
+        """The path parameters, in order."""
+        return [part[1:-1].split(":")[0] for part in self.path.split("/") if part[:1] == "{"]
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    """One file of a checkpoint checked against its manifest: ``ok``, or its ``problem``;
+    ``hashed``: its bytes were read (else only its size was checked); ``ms`` it took."""
+
+    name: str
+    size: int
+    ok: bool
+    problem: str | None
+    hashed: bool
+    ms: float
+
+
+# -- the calls -----------------------------------------------------------------------------
+
+
+async def _create(rt: Runtime, ids: Ids, request: CreateSessionRequest) -> Session:
+    return await rt.create(**request.model_dump())
+
+
+async def _list_sessions(rt: Runtime, ids: Ids, request: None) -> list[Session]:
+    return await asyncio.to_thread(rt.list_sessions)
+
+
+async def _get_session(rt: Runtime, ids: Ids, request: None) -> Session:
+    return await asyncio.to_thread(rt.get, ids["session_id"])
+
+
+async def _remove_session(rt: Runtime, ids: Ids, request: None) -> None:
+    await rt.remove(ids["session_id"])
+
+
+async def _set_timeout(rt: Runtime, ids: Ids, request: TimeoutRequest) -> Session:
+    return await rt.set_timeout(ids["session_id"], request.timeout_s)
+
+
+async def _rollback(rt: Runtime, ids: Ids, request: RollbackRequest) -> Session:
+    return await rt.rollback(ids["session_id"], request.checkpoint)
+
+
+async def _rollback_preview(rt: Runtime, ids: Ids, request: RollbackPreviewRequest) -> StateDiff:
+    return await rt.rollback_preview(ids["session_id"], request.checkpoint, patch=request.patch)
+
+
+async def _diff(rt: Runtime, ids: Ids, request: DiffRequest) -> StateDiff:
+    return await rt.diff(
+        request.a, request.b, patch=request.patch, include_tmp=request.include_tmp,
+        exclude=request.exclude,
+    )  # fmt: skip
+
+
+async def _history(rt: Runtime, ids: Ids, request: None) -> list[HistoryStep]:
+    return await asyncio.to_thread(rt.history, ids["session_id"])
+
+
+async def _undo(rt: Runtime, ids: Ids, request: UndoRequest) -> Session:
+    return await rt.undo(ids["session_id"], request.steps)
+
+
+async def _processes(rt: Runtime, ids: Ids, request: None) -> list[Process]:
+    return await rt.ps(ids["session_id"])
+
+
+async def _forward_port(rt: Runtime, ids: Ids, request: PortRequest) -> Port:
+    return await rt.forward_port(ids["session_id"], request.guest_port)
+
+
+async def _checkpoint(rt: Runtime, ids: Ids, request: CheckpointRequest) -> Checkpoint:
+    return await rt.checkpoint(ids["session_id"], request.name)
+
+
+async def _get_checkpoint(rt: Runtime, ids: Ids, request: None) -> Checkpoint:
+    return await asyncio.to_thread(rt.get_checkpoint, ids["checkpoint_id"])
+
+
+async def _remove_checkpoint(rt: Runtime, ids: Ids, request: None) -> None:
+    await rt.remove_checkpoint(ids["checkpoint_id"])
+
+
+async def _fork(rt: Runtime, ids: Ids, request: ForkRequest) -> list[Session | ErrorResponse]:
+    results = await rt.fork(ids["checkpoint_id"], request.count)
+    return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
+
+
+async def _push(rt: Runtime, ids: Ids, request: PushRequest) -> CheckpointTransfer:
+    return await rt.push_checkpoint(ids["checkpoint_id"], request.to)
+
+
+async def _pull(rt: Runtime, ids: Ids, request: PullRequest) -> CheckpointTransfer:
+    return await rt.pull_checkpoint(request.ref, request.source)
+
+
+async def _verify(rt: Runtime, ids: Ids, request: None) -> list[FileVerdict]:
+    checks = await asyncio.to_thread(rt.verify_checkpoint, ids["checkpoint_id"])
+    return [FileVerdict(**dataclasses.asdict(check)) for check in checks]
+
+
+async def _recover(rt: Runtime, ids: Ids, request: None) -> list[Session | ErrorResponse]:
+    results = await rt.recover()
+    return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
+
+
+# -- the table -----------------------------------------------------------------------------
+
+_S = "/sessions/{session_id}"
+_C = "/checkpoints/{checkpoint_id:checkpoint_ref}"
+
+OPERATIONS: tuple[Op, ...] = (
+    Op(
+        "create_session", "POST", "/sessions", _create, "Create a session", "sessions",
+        CreateSessionRequest, Session, status=201, cost=Cost.CREATE, mcp=True,
+        description="Create a session (a microVM) from an image; ``ports`` are guest ports "
+        "to forward to the host's 127.0.0.1. The guest reaches the internet but not the "
+        "host, private or link-local addresses; ``allow_net``/``deny_net`` (CIDRs) adjust "
+        "that. ``timeout_s``: seconds until it is removed. ``disk_mib``: its virtual "
+        "disk's size. ``history``: checkpoint automatically before every exec and file "
+        "write, so `undo` can take steps back (``history_keep`` of them). Returns the "
+        "session (id, ports with URLs, ...).",
+    ),
+    Op("list_sessions", "GET", "/sessions", _list_sessions, "List sessions", "sessions",
+       response=list[Session]),
+    Op("get_session", "GET", _S, _get_session, "Show a session", "sessions", response=Session),
+    Op("remove_session", "DELETE", _S, _remove_session, "Remove a session", "sessions",
+       status=204),
+    Op(
+        "set_timeout", "POST", f"{_S}/timeout", _set_timeout, "Set a session's lifetime",
+        "sessions", TimeoutRequest, Session,
+        description="The session is removed ``timeout_s`` seconds from now (null: never).",
+    ),
+    Op(
+        "rollback", "POST", f"{_S}/rollback", _rollback, "Roll a session back", "sessions",
+        RollbackRequest, Session, cost=Cost.ROLLBACK,
+        description="Reset the session (same id and ports) to a checkpoint (default: its "
+        "latest), processes included.",
+    ),
+    Op(
+        "rollback_preview", "POST", f"{_S}/rollback/preview", _rollback_preview,
+        "Preview a rollback", "history", RollbackPreviewRequest, StateDiff, cost=Cost.PREVIEW,
+        description="What the rollback would undo (files, processes, listening ports); "
+        "changes nothing.",
+    ),
+    Op(
+        "diff", "POST", "/diff", _diff, "Diff two checkpoints or sessions", "history",
+        DiffRequest, StateDiff, cost=Cost.DIFF, mcp=True,
+        description="What changed between two checkpoints or sessions: files "
+        "added/removed/modified (path, size, mode; with patch=true a unified diff of small "
+        "text files), processes started/gone (pid, command) and listening ports "
+        "opened/closed. Only a: a session is compared with its latest checkpoint (what a "
+        "rollback would undo), a checkpoint with its session now. /proc, /sys, /dev, /run, "
+        "/tmp and /etc/hostname are left out.",
+    ),
+    Op("history", "GET", f"{_S}/history", _history, "A session's steps", "history",
+       response=list[HistoryStep]),
+    Op(
+        "undo", "POST", f"{_S}/undo", _undo, "Undo steps", "history", UndoRequest, Session,
+        cost=Cost.ROLLBACK, mcp=True,
+        description="Undo the last step(s) of a session created with history=true: roll it "
+        "back to the checkpoint taken before them, including processes they killed or "
+        "started and files they wrote or deleted. steps=2 undoes the last two "
+        "commands/writes.",
+    ),
+    Op("processes", "GET", f"{_S}/processes", _processes, "A session's processes",
+       "commands", response=list[Process]),
+    Op(
+        "forward_port", "POST", f"{_S}/ports", _forward_port, "Forward a guest port", "ports",
+        PortRequest, Port, mcp=True,
+        description="Forward a guest port to http://127.0.0.1:<host_port> on the host.",
+    ),
+    Op(
+        "checkpoint", "POST", f"{_S}/checkpoints", _checkpoint, "Checkpoint a session",
+        "checkpoints", CheckpointRequest, Checkpoint, status=201, cost=Cost.CHECKPOINT,
+        mcp=True,
+        description="Checkpoint a running session: memory, disk and every live process.",
+    ),
+    Op("get_checkpoint", "GET", _C, _get_checkpoint, "Show a checkpoint", "checkpoints",
+       response=Checkpoint),
+    Op("remove_checkpoint", "DELETE", _C, _remove_checkpoint, "Remove a checkpoint",
+       "checkpoints", status=204),
+    Op(
+        "fork", "POST", f"{_C}/fork", _fork,
+        "Start sessions from a checkpoint; a failed fork is an error in its slot",
+        "checkpoints", ForkRequest, list[Session | ErrorResponse], cost=Cost.FORK,
+        description="Start ``count`` new sessions from a checkpoint; each wakes up with the "
+        "same processes running. A failed fork is reported as an error in its slot.",
+    ),
+    Op(
+        "push_checkpoint", "POST", f"{_C}/push", _push, "Push a checkpoint", "checkpoints",
+        PushRequest, CheckpointTransfer, mcp=True,
+        description="Upload a checkpoint, with what the bucket lacks of its lineage, to an "
+        "S3-compatible store (s3://BUCKET/PREFIX); its id and name become refs to its "
+        "content digest. Endpoint and credentials: the server's own AWS variables.",
+    ),
+    Op(
+        "pull_checkpoint", "POST", "/checkpoints/pull", _pull, "Pull a checkpoint",
+        "checkpoints", PullRequest, CheckpointTransfer, status=201, mcp=True,
+        description="Download checkpoint ``ref`` (sha256:<digest>, or the id or name it was "
+        "pushed under) from s3://BUCKET/PREFIX ``from`` into this home, verified; then fork "
+        "it. Refused (409 incompatible_checkpoint) before any RAM moves if this host cannot "
+        "restore it.",
+    ),
+    Op(
+        "verify_checkpoint", "POST", f"{_C}/verify", _verify, "Verify a checkpoint's files",
+        "checkpoints", response=list[FileVerdict], mcp=True,
+        description="Hash every file of a checkpoint against its manifest: one verdict per "
+        "file (ok, or what is wrong). A damaged manifest is a 409 damaged_checkpoint.",
+    ),
+    Op(
+        "recover_sessions", "POST", "/recover", _recover,
+        "Bring back every crashed session", "sessions",
+        response=list[Session | ErrorResponse], mcp=True,
+        description="Roll every crashed session back to its latest checkpoint (same id, "
+        "same ports), e.g. after the host restarted; one slot per session, a failure as an "
+        "error in its slot.",
+    ),
+)  # fmt: skip
+
+#: The operations each door wires by hand (see the module's docstring).
+BY_HAND = (
+    "health", "exec_command", "kill_process", "read_file", "write_file", "remove_file",
+    "list_files", "list_checkpoints", "list_operations", "get_operation",
+)  # fmt: skip
+
+_BY_NAME = {op.name: op for op in OPERATIONS}
+
+
+def operation(name: str) -> Op:
+    """The declared operation ``name``."""
+    return _BY_NAME[name]
+
+
+async def admit(op: Op, admission: Admission, ids: Ids, request: Any) -> tuple[Ticket, str | None]:
+    """The ticket ``op`` needs (its ids looked up first: an unknown one is a ``NotFound``,
+    never a ``Busy``) and the id its long operation works on."""
+    if op.cost is Cost.CREATE:
+        return await admission.create(), None
+    if op.cost is Cost.FORK:
+        ticket, source = await admission.fork(ids["checkpoint_id"], request.count)
+        return ticket, source.id
+    if op.cost is Cost.CHECKPOINT:
+        ticket, session = await admission.checkpoint(ids["session_id"])
+        return ticket, session.id
+    if op.cost is Cost.ROLLBACK:
+        ticket, session = await admission.rollback(ids["session_id"])
+        return ticket, session.id
+    if op.cost is Cost.PREVIEW:
+        await asyncio.to_thread(admission.lookups.get, ids["session_id"])
+        return await admission.scratch(1), None
+    if op.cost is Cost.DIFF:
+        forks = await asyncio.to_thread(admission.lookups.diff_forks, request.a, request.b)
+        return await admission.scratch(forks), None
+    return admission.free(), None
