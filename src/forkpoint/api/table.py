@@ -234,7 +234,8 @@ OPERATIONS: tuple[Op, ...] = (
         "session (id, ports with URLs, ...).",
     ),
     Op("list_sessions", "GET", "/sessions", _list_sessions, "List sessions", "sessions",
-       response=list[Session]),
+       response=list[Session], mcp=True,
+       description="Every session with its state and forwarded ports."),
     Op("get_session", "GET", _S, _get_session, "Show a session", "sessions", response=Session),
     Op("remove_session", "DELETE", _S, _remove_session, "Remove a session", "sessions",
        status=204),
@@ -266,7 +267,10 @@ OPERATIONS: tuple[Op, ...] = (
         "/tmp and /etc/hostname are left out.",
     ),
     Op("history", "GET", f"{_S}/history", _history, "A session's steps", "history",
-       response=list[HistoryStep]),
+       response=list[HistoryStep], mcp=True,
+       description="The steps of a session created with history=true, oldest first: for "
+       "each, the checkpoint taken just before it, its label (the command, or the path "
+       "written), its time, the disk space it costs and the forks started from it."),
     Op(
         "undo", "POST", f"{_S}/undo", _undo, "Undo steps", "history", UndoRequest, Session,
         cost=Cost.ROLLBACK, mcp=True,
@@ -295,7 +299,7 @@ OPERATIONS: tuple[Op, ...] = (
     Op(
         "fork", "POST", f"{_C}/fork", _fork,
         "Start sessions from a checkpoint; a failed fork is an error in its slot",
-        "checkpoints", ForkRequest, list[Session | ErrorResponse], cost=Cost.FORK,
+        "checkpoints", ForkRequest, list[Session | ErrorResponse], cost=Cost.FORK, mcp=True,
         description="Start ``count`` new sessions from a checkpoint; each wakes up with the "
         "same processes running. A failed fork is reported as an error in its slot.",
     ),

@@ -12,7 +12,6 @@ past a limit the tool error reads ``busy: …``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import copy
@@ -28,32 +27,21 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from forkpoint import __version__
+from forkpoint.api import OPERATIONS, Op, admit, operation
 from forkpoint.config import ApiLimits
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     BackgroundProcess,
-    Checkpoint,
-    CheckpointTransfer,
     CommandResult,
-    ErrorResponse,
-    HistoryStep,
-    Port,
     Session,
     StateDiff,
 )
 from forkpoint.requests import (
-    CheckpointRequest,
-    CreateSessionRequest,
-    DiffRequest,
     Flag,
     ForegroundExecRequest,
-    ForkRequest,
     GuestPath,
-    PortRequest,
-    PullRequest,
-    PushRequest,
     RollbackPreviewRequest,
-    UndoRequest,
+    RollbackRequest,
     parse,
 )
 from forkpoint.runtime import Runtime
@@ -64,23 +52,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=BaseModel)
 
-TOOL_NAMES = (
-    "create_session",
-    "exec",
-    "read_file",
-    "write_file",
-    "forward_port",
-    "checkpoint",
-    "fork",
-    "rollback",
-    "list_sessions",
-    "remove_session",
-    "diff",
-    "history",
-    "undo",
-    "push_checkpoint",
-    "pull_checkpoint",
-)
+# The tools wired here by hand; the rest are the operations the table marks ``mcp``.
+_BY_HAND = ("exec", "read_file", "write_file", "rollback", "remove_session")
+TOOL_NAMES = (*_BY_HAND, *(op.name for op in OPERATIONS if op.mcp))
 _INSTRUCTIONS = (
     "forkpoint runs each session as a microVM that can be checkpointed, forked and rolled "
     "back in milliseconds. Create a session, run commands and edit files in it, forward a "
@@ -150,6 +124,40 @@ def _with_request(
 
 _SESSION = _param("session", str)
 _CHECKPOINT = _param("checkpoint", str)
+# A path id's name as a tool parameter.
+_ID_NAMES = {"session_id": _SESSION, "checkpoint_id": _CHECKPOINT}
+# A list answer goes into an object (MCP's structured output is one), under this key.
+_LIST_KEYS = {"verify_checkpoint": "files", "history": "steps"}
+
+
+async def _run(op: Op, runtime: Runtime, ids: dict[str, str], request: Any) -> Any:
+    """``op`` once admitted, as every door runs it."""
+    ticket, _ = await admit(op, runtime.admission, ids, request)
+    with ticket:
+        return await op.call(runtime, ids, request)
+
+
+def _derived(op: Op, runtime: Runtime) -> Callable[..., Awaitable[Any]]:
+    """The tool of a declared operation: its ids (``session``, ``checkpoint``), then its
+    request's fields; admitted as every door admits it."""
+    leading = [_ID_NAMES[name] for name in op.ids]
+    listed = typing.get_origin(op.response) is list
+    key = _LIST_KEYS.get(op.name, "sessions")
+
+    async def call(**arguments: Any) -> Any:
+        ids = {name: arguments.pop(_ID_NAMES[name].name) for name in op.ids}
+        request = parse(op.request, **arguments) if op.request is not None else None
+        value = await _run(op, runtime, ids, request)
+        return {key: value} if listed else value
+
+    returns = dict[str, op.response] if listed else op.response  # type: ignore[name-defined]
+    fields = _fields_of(op.request) if op.request is not None else []
+    call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*leading, *fields], return_annotation=returns
+    )
+    call.__name__ = op.name
+    call.__doc__ = op.description or op.summary
+    return call
 
 
 def build_server(runtime: Runtime) -> MCPServer:
@@ -157,18 +165,6 @@ def build_server(runtime: Runtime) -> MCPServer:
     server: MCPServer = MCPServer(
         "forkpoint", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING"
     )
-
-    @_with_request(CreateSessionRequest)
-    async def create_session(request: CreateSessionRequest) -> Session:
-        """Create a session (a microVM) from an image; ``ports`` are guest ports to forward
-        to the host's 127.0.0.1. The guest reaches the internet but not the host, private
-        or link-local addresses; ``allow_net``/``deny_net`` (CIDRs) adjust that.
-        ``timeout_s``: seconds until it is removed. ``disk_mib``: its virtual disk's size.
-        ``history``: checkpoint automatically before every exec and file write, so `undo`
-        can take steps back (``history_keep`` of them). Returns the session (id, ports with
-        URLs, ...)."""
-        with await runtime.admission.create():
-            return await runtime.create(**request.model_dump())
 
     @_with_request(
         ForegroundExecRequest, _SESSION, _param("background", Flag, False), without={"background"}
@@ -209,33 +205,6 @@ def build_server(runtime: Runtime) -> MCPServer:
         await runtime.write_file(session, path, payload)
         return {"path": path, "size": len(payload)}
 
-    @_with_request(PortRequest, _SESSION)
-    async def forward_port(session: str, request: PortRequest) -> Port:
-        """Forward a guest port to http://127.0.0.1:<host_port> on the host."""
-        return await runtime.forward_port(session, request.guest_port)
-
-    @_with_request(CheckpointRequest, _SESSION)
-    async def checkpoint(session: str, request: CheckpointRequest) -> Checkpoint:
-        """Checkpoint a running session: memory, disk and every live process."""
-        ticket, _ = await runtime.admission.checkpoint(session)
-        with ticket:
-            return await runtime.checkpoint(session, request.name)
-
-    @_with_request(ForkRequest, _CHECKPOINT)
-    async def fork(
-        checkpoint: str, request: ForkRequest
-    ) -> dict[str, list[Session | ErrorResponse]]:
-        """Start ``count`` new sessions from a checkpoint; each wakes up with the same
-        processes running. A failed fork is reported as an error in its slot."""
-        ticket, _ = await runtime.admission.fork(checkpoint, request.count)
-        with ticket:
-            results = await runtime.fork(checkpoint, request.count)
-        return {
-            "sessions": [
-                ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results
-            ]
-        }
-
     @_with_request(RollbackPreviewRequest, _SESSION, _param("dry_run", Flag, False))
     async def rollback(
         session: str, dry_run: bool, request: RollbackPreviewRequest
@@ -244,76 +213,26 @@ def build_server(runtime: Runtime) -> MCPServer:
         dry_run=true changes nothing and returns what the rollback would undo: files
         added/removed/modified (patch=true: with unified diffs of small text files),
         processes started/gone, listening ports opened/closed."""
-        if dry_run:
-            await asyncio.to_thread(runtime.get, session)  # unknown: NotFound, not Busy
-            with await runtime.admission.scratch(1):
-                return await runtime.rollback_preview(
-                    session, request.checkpoint, patch=request.patch
-                )
-        if request.patch:
+        if request.patch and not dry_run:
             raise InvalidInput("patch is for dry_run=true")
-        ticket, _ = await runtime.admission.rollback(session)
-        with ticket:
-            return await runtime.rollback(session, request.checkpoint)
-
-    @_with_request(DiffRequest)
-    async def diff(request: DiffRequest) -> StateDiff:
-        """What changed between two checkpoints or sessions: files added/removed/modified
-        (path, size, mode; with patch=true a unified diff of small text files), processes
-        started/gone (pid, command) and listening ports opened/closed. Only a: a session is
-        compared with its latest checkpoint (what a rollback would undo), a checkpoint with
-        its session now. /proc, /sys, /dev, /run, /tmp and /etc/hostname are left out."""
-        forks = await asyncio.to_thread(runtime.diff_forks, request.a, request.b)
-        with await runtime.admission.scratch(forks):
-            return await runtime.diff(
-                request.a, request.b, patch=request.patch, include_tmp=request.include_tmp,
-                exclude=request.exclude,
-            )  # fmt: skip
-
-    async def history(session: str) -> dict[str, list[HistoryStep]]:
-        """The steps of a session created with history=true, oldest first: for each, the
-        checkpoint taken just before it, its label (the command, or the path written), its
-        time, the disk space it costs and the forks started from it."""
-        return {"steps": await asyncio.to_thread(runtime.history, session)}
-
-    @_with_request(UndoRequest, _SESSION)
-    async def undo(session: str, request: UndoRequest) -> Session:
-        """Undo the last step(s) of a session created with history=true: roll it back to
-        the checkpoint taken before them, including processes they killed or started and
-        files they wrote or deleted. steps=2 undoes the last two commands/writes."""
-        ticket, _ = await runtime.admission.rollback(session)
-        with ticket:
-            return await runtime.undo(session, request.steps)
-
-    async def list_sessions() -> dict[str, list[Session]]:
-        """Every session with its state and forwarded ports."""
-        return {"sessions": await asyncio.to_thread(runtime.list_sessions)}
-
-    @_with_request(PushRequest, _CHECKPOINT)
-    async def push_checkpoint(checkpoint: str, request: PushRequest) -> CheckpointTransfer:
-        """Upload a checkpoint to s3://BUCKET/PREFIX (only what the bucket lacks of its
-        lineage); its id and name become refs to its content digest. Endpoint and
-        credentials: forkpoint's own AWS variables."""
-        return await runtime.push_checkpoint(checkpoint, request.to)
-
-    @_with_request(PullRequest)
-    async def pull_checkpoint(request: PullRequest) -> CheckpointTransfer:
-        """Download checkpoint ``ref`` (sha256:<digest>, or the id or name it was pushed
-        under) from s3://BUCKET/PREFIX ``from``, verified; then fork it. Refused if this
-        host cannot restore it."""
-        return await runtime.pull_checkpoint(request.ref, request.source)
+        ids = {"session_id": session}
+        if dry_run:
+            preview: StateDiff = await _run(operation("rollback_preview"), runtime, ids, request)
+            return preview
+        back = RollbackRequest(checkpoint=request.checkpoint)
+        rolled: Session = await _run(operation("rollback"), runtime, ids, back)
+        return rolled
 
     async def remove_session(session: str) -> dict[str, Any]:
         """Destroy a session (its VM and files). Its checkpoints stay."""
         await runtime.remove(session)
         return {"removed": session}
 
-    for fn in (
-        create_session, exec, read_file, write_file, forward_port, checkpoint, fork,
-        rollback, list_sessions, remove_session, diff, history, undo, push_checkpoint,
-        pull_checkpoint,
-    ):  # fmt: skip
+    for fn in (exec, read_file, write_file, rollback, remove_session):
         server.add_tool(_tool_errors(fn))
+    for op in OPERATIONS:
+        if op.mcp:
+            server.add_tool(_tool_errors(_derived(op, runtime)), name=op.name)
     return server
 
 
