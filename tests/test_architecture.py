@@ -60,7 +60,14 @@ ALLOWED: dict[str, set[str]] = {
     # the E2B gateway: like server, plus its own table in the store (store/e2b.py)
     "e2b": {"models", "requests", "runtime", "store", "errors", "config", "threads"},
     "mcp": {
-        "api", "models", "requests", "runtime", "sdk", "agent_client", "protocol", "errors",
+        "api",
+        "models",
+        "requests",
+        "runtime",
+        "sdk",
+        "agent_client",
+        "protocol",
+        "errors",
         "config",
     },  # fmt: skip
     "demo": {"models", "runtime", "sdk", "browser", "agent_client", "protocol", "errors", "config"},
