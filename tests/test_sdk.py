@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import shutil
 import signal
 import subprocess
@@ -188,6 +189,37 @@ def test_embedded_mode(vm_ready: None) -> None:
             session_id = sb.id
         with pytest.raises(NotFound):
             await AsyncSandbox.connect(session_id)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.vm
+def test_verify_and_recover_come_from_the_operation_table(vm_ready: None) -> None:
+    """Two operations the CLI had alone, reached through the SDK over REST once the table
+    declared them: a checkpoint's files verified, a crashed session brought back."""
+
+    async def scenario() -> None:
+        async with await AsyncSandbox.create() as sb:
+            async with await sb.checkpoint() as ck:
+                verdicts = await ck.verify()
+                assert verdicts and all(v.ok and v.size >= 0 for v in verdicts), verdicts
+                from forkpoint.runtime import Runtime  # the QEMU's pid is the store's
+
+                runtime = Runtime.open()
+                try:
+                    pid = runtime.store.get_session(sb.id).qemu_pid
+                finally:
+                    runtime.close()
+                assert pid
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 30
+                while (await sb.refresh()).state != "crashed":
+                    assert time.monotonic() < deadline, "never crashed"
+                    await asyncio.sleep(0.2)
+                slots = await AsyncSandbox.recover()  # every crashed session of the home
+                [back] = [s for s in slots if not isinstance(s, ForkpointError) and s.id == sb.id]
+                assert back.info.state == "running"
+                assert (await sb.commands.run("true")).exit_code == 0
 
     asyncio.run(scenario())
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from forkpoint.api import FileVerdict
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     DEFAULT_CPUS,
@@ -235,6 +236,24 @@ class AsyncSandbox:
         finally:
             await client.release()
 
+    @classmethod
+    async def recover(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[AsyncSandbox | ForkpointError]:
+        """Roll every crashed session back to its latest checkpoint (same id and ports),
+        e.g. after the host restarted: one slot per session, a failure as its error."""
+        client = ApiClient(base_url, token, runtime)
+        client.retain()
+        try:
+            slots = await client.recover()
+            return [s if isinstance(s, ForkpointError) else cls(client, s) for s in slots]
+        finally:
+            await client.release()
+
     # -- state -------------------------------------------------------------------------
 
     @property
@@ -367,6 +386,11 @@ class AsyncCheckpoint:
         return [
             s if isinstance(s, ForkpointError) else AsyncSandbox(self._client, s) for s in slots
         ]
+
+    async def verify(self) -> list[FileVerdict]:
+        """Hash every file of this checkpoint against its manifest: one verdict per file.
+        :raises DamagedCheckpoint: its manifest is damaged."""
+        return await self._client.verify_checkpoint(self.id)
 
     async def push(self, to: str) -> CheckpointTransfer:
         """Upload this checkpoint to ``s3://BUCKET/PREFIX`` with what the bucket lacks of

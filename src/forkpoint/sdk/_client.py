@@ -1,7 +1,9 @@
 """The SDK's one way to reach forkpoint: HTTP, through an httpx transport.
 
 :class:`ApiClient` has one typed method per REST route and returns :mod:`forkpoint.models`
-values. Where the requests go is only the transport's business (httpx's design):
+values; for the operations of :mod:`forkpoint.api.table` it says only which one
+(:meth:`ApiClient.call`): method, path, body and whether it may answer 202 come from the
+declaration. Where the requests go is only the transport's business (httpx's design):
 
 * ``unix:/path/forkpoint.sock`` or ``http://127.0.0.1:PORT`` — a ``forkpoint serve``;
 * nothing — *embedded*: the same REST app, in this process, on
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,6 +31,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
+from forkpoint.api import FileVerdict, operation
 from forkpoint.config import home
 from forkpoint.errors import ForkpointError, InternalError, InvalidInput, code_for_status
 from forkpoint.models import (
@@ -160,51 +164,75 @@ class ApiClient:
             raise error_from_response(500, {"error": operation.get("error")})
         return adapter.validate_python(operation.get("result"))
 
+    # -- the declared operations (api/table.py) ---------------------------------------
+
+    async def call(self, name: str, *ids: str, body: dict[str, Any] | None = None) -> Any:
+        """Operation ``name`` of the table, on ``ids`` (its path's, in order): its answer
+        as its response type (a heavy one's 202 polled to its end); None when it answers
+        nothing."""
+        op = operation(name)
+        path = op.path
+        for param, value in zip(op.ids, ids, strict=True):
+            path = re.sub(r"\{" + param + r"(:[a-z_]+)?\}", _seg(value), path)
+        json = (body or {}) if op.request is not None else None
+        if op.cost is not None and op.cost.kind is not None:
+            return await self._long(op.response, op.method, path, json=json)
+        if op.response is None:
+            await self._request(op.method, path, json=json)
+            return None
+        return await self._parse(op.response, op.method, path, json=json)
+
     # -- sessions ----------------------------------------------------------------------
 
     async def create(self, **request: Any) -> Session:
-        """``request``: the fields of :class:`~forkpoint.models.CreateSessionRequest`."""
-        session: Session = await self._long(Session, "POST", "/sessions", json=request)
+        """``request``: the fields of :class:`~forkpoint.requests.CreateSessionRequest`."""
+        session: Session = await self.call("create_session", body=request)
         return session
 
     async def get(self, session: str) -> Session:
-        return await self._parse(Session, "GET", f"/sessions/{_seg(session)}")
+        found: Session = await self.call("get_session", session)
+        return found
 
     async def list_sessions(self) -> list[Session]:
-        return await self._parse(list[Session], "GET", "/sessions")
+        listed: list[Session] = await self.call("list_sessions")
+        return listed
 
     async def remove(self, session: str) -> None:
-        await self._request("DELETE", f"/sessions/{_seg(session)}")
+        await self.call("remove_session", session)
 
     async def set_timeout(self, session: str, timeout_s: float | None) -> Session:
-        path = f"/sessions/{_seg(session)}/timeout"
-        return await self._parse(Session, "POST", path, json={"timeout_s": timeout_s})
+        updated: Session = await self.call("set_timeout", session, body={"timeout_s": timeout_s})
+        return updated
 
     async def rollback(self, session: str, checkpoint: str | None) -> Session:
-        path = f"/sessions/{_seg(session)}/rollback"
-        rolled: Session = await self._long(Session, "POST", path, json={"checkpoint": checkpoint})
+        rolled: Session = await self.call("rollback", session, body={"checkpoint": checkpoint})
         return rolled
 
     async def rollback_preview(
         self, session: str, checkpoint: str | None, patch: bool
     ) -> StateDiff:
-        path = f"/sessions/{_seg(session)}/rollback/preview"
         body = {"checkpoint": checkpoint, "patch": patch}
-        return await self._parse(StateDiff, "POST", path, json=body)
+        preview: StateDiff = await self.call("rollback_preview", session, body=body)
+        return preview
 
     async def diff(self, **request: Any) -> StateDiff:
         """``request``: the fields of :class:`~forkpoint.requests.DiffRequest`."""
-        return await self._parse(StateDiff, "POST", "/diff", json=request)
+        found: StateDiff = await self.call("diff", body=request)
+        return found
 
     async def history(self, session: str) -> list[HistoryStep]:
-        return await self._parse(list[HistoryStep], "GET", f"/sessions/{_seg(session)}/history")
+        steps: list[HistoryStep] = await self.call("history", session)
+        return steps
 
     async def undo(self, session: str, steps: int) -> Session:
-        path = f"/sessions/{_seg(session)}/undo"
-        undone: Session = await self._long(Session, "POST", path, json={"steps": steps})
+        undone: Session = await self.call("undo", session, body={"steps": steps})
         return undone
 
-    # -- commands ----------------------------------------------------------------------
+    async def recover(self) -> list[Session | ForkpointError]:
+        """Every crashed session rolled back to its latest checkpoint; one slot each."""
+        return _slots(await self.call("recover_sessions"))
+
+    # -- commands (by hand: a union of two bodies and two answers) ----------------------
 
     async def exec(self, session: str, **request: Any) -> CommandResult:
         """``request``: the fields of :class:`~forkpoint.models.ExecRequest`."""
@@ -217,13 +245,14 @@ class ApiClient:
         return await self._parse(BackgroundProcess, "POST", path, json=body)
 
     async def ps(self, session: str) -> list[Process]:
-        return await self._parse(list[Process], "GET", f"/sessions/{_seg(session)}/processes")
+        processes: list[Process] = await self.call("processes", session)
+        return processes
 
     async def kill_process(self, session: str, pid: int, signal: int | str) -> None:
         path = f"/sessions/{_seg(session)}/processes/{int(pid)}"
         await self._request("DELETE", path, params={"signal": str(signal)})
 
-    # -- files -------------------------------------------------------------------------
+    # -- files (by hand: raw bytes both ways) -----------------------------------------
 
     async def read_file(self, session: str, path: str) -> bytes:
         url = f"/sessions/{_seg(session)}/files"
@@ -243,42 +272,47 @@ class ApiClient:
     # -- ports and checkpoints ---------------------------------------------------------
 
     async def forward_port(self, session: str, guest_port: int) -> Port:
-        url = f"/sessions/{_seg(session)}/ports"
-        return await self._parse(Port, "POST", url, json={"guest_port": guest_port})
+        port: Port = await self.call("forward_port", session, body={"guest_port": guest_port})
+        return port
 
     async def checkpoint(self, session: str, name: str | None) -> Checkpoint:
-        url = f"/sessions/{_seg(session)}/checkpoints"
-        made: Checkpoint = await self._long(Checkpoint, "POST", url, json={"name": name})
+        made: Checkpoint = await self.call("checkpoint", session, body={"name": name})
         return made
 
     async def get_checkpoint(self, checkpoint: str) -> Checkpoint:
-        return await self._parse(Checkpoint, "GET", f"/checkpoints/{_seg(checkpoint)}")
+        found: Checkpoint = await self.call("get_checkpoint", checkpoint)
+        return found
 
     async def list_checkpoints(self, session: str | None) -> list[Checkpoint]:
         params = {"session": session} if session else None
         return await self._parse(list[Checkpoint], "GET", "/checkpoints", params=params)
 
     async def remove_checkpoint(self, checkpoint: str) -> None:
-        await self._request("DELETE", f"/checkpoints/{_seg(checkpoint)}")
+        await self.call("remove_checkpoint", checkpoint)
 
     async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
-        url = f"/checkpoints/{_seg(checkpoint)}/fork"
-        slots: list[Session | ErrorResponse] = await self._long(
-            list[Session | ErrorResponse], "POST", url, json={"count": count}
-        )
-        return [
-            ForkpointError.from_dict(asdict(s.error)) if isinstance(s, ErrorResponse) else s
-            for s in slots
-        ]
+        return _slots(await self.call("fork", checkpoint, body={"count": count}))
+
+    async def verify_checkpoint(self, checkpoint: str) -> list[FileVerdict]:
+        verdicts: list[FileVerdict] = await self.call("verify_checkpoint", checkpoint)
+        return verdicts
 
     async def push_checkpoint(self, checkpoint: str, to: str) -> CheckpointTransfer:
-        url = f"/checkpoints/{_seg(checkpoint)}/push"
-        body = {"to": to}
-        return await self._parse(CheckpointTransfer, "POST", url, json=body)
+        pushed: CheckpointTransfer = await self.call("push_checkpoint", checkpoint, body={"to": to})
+        return pushed
 
     async def pull_checkpoint(self, ref: str, source: str) -> CheckpointTransfer:
         body = {"ref": ref, "from": source}
-        return await self._parse(CheckpointTransfer, "POST", "/checkpoints/pull", json=body)
+        pulled: CheckpointTransfer = await self.call("pull_checkpoint", body=body)
+        return pulled
+
+
+def _slots(slots: list[Session | ErrorResponse]) -> list[Session | ForkpointError]:
+    """A fork's or recover's slots, each failure as the error it names."""
+    return [
+        ForkpointError.from_dict(asdict(s.error)) if isinstance(s, ErrorResponse) else s
+        for s in slots
+    ]
 
 
 def command_body(

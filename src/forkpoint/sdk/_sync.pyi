@@ -4,6 +4,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
+from forkpoint.api import FileVerdict
 from forkpoint.errors import ForkpointError
 from forkpoint.models import (
     DEFAULT_CPUS,
@@ -102,6 +103,14 @@ class Sandbox(SyncTwin):
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> list[Session]: ...
+    @classmethod
+    def recover(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[Sandbox | ForkpointError]: ...
     @property
     def id(self) -> str: ...
     @property
@@ -148,6 +157,7 @@ class Checkpoint(SyncTwin):
     @property
     def info(self) -> CheckpointInfo: ...
     def fork(self, count: int = 1) -> list[Sandbox | ForkpointError]: ...
+    def verify(self) -> list[FileVerdict]: ...
     def push(self, to: str) -> CheckpointTransfer: ...
     @classmethod
     def pull(
