@@ -102,6 +102,9 @@ class FakeRuntime:
             raise NotFound(f"unknown checkpoint: {checkpoint}")
         return CHECKPOINT
 
+    def diff_forks(self, a: str, b: str | None = None) -> int:
+        return 0  # (not asked of this fake: no diffs here)
+
     def serve_long_lived(self, limits: ApiLimits) -> Admission:
         """The runtime's own policy, over this fake's sessions."""
         self.admission = Admission(limits, self)

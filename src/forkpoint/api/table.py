@@ -18,7 +18,6 @@ shapes), the file routes (raw bytes both ways), ``kill_process`` and ``list_chec
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from forkpoint.models import (
     Checkpoint,
     CheckpointTransfer,
     ErrorResponse,
+    FileCheck,
     HistoryStep,
     OperationKind,
     Port,
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from forkpoint.runtime import Runtime
     from forkpoint.runtime.admission import Admission, Ticket
 
-__all__ = ["BY_HAND", "OPERATIONS", "Cost", "FileVerdict", "Op", "admit", "operation"]
+__all__ = ["BY_HAND", "OPERATIONS", "Cost", "Op", "admit", "operation"]
 
 #: An operation's ids, by path parameter: ``session_id``, ``checkpoint_id``.
 Ids = dict[str, str]
@@ -112,19 +112,6 @@ class Op:
     def ids(self) -> list[str]:
         """The path parameters, in order."""
         return [part[1:-1].split(":")[0] for part in self.path.split("/") if part[:1] == "{"]
-
-
-@dataclass(frozen=True)
-class FileVerdict:
-    """One file of a checkpoint checked against its manifest: ``ok``, or its ``problem``;
-    ``hashed``: its bytes were read (else only its size was checked); ``ms`` it took."""
-
-    name: str
-    size: int
-    ok: bool
-    problem: str | None
-    hashed: bool
-    ms: float
 
 
 # -- the calls -----------------------------------------------------------------------------
@@ -206,9 +193,8 @@ async def _pull(rt: Runtime, ids: Ids, request: PullRequest) -> CheckpointTransf
     return await rt.pull_checkpoint(request.ref, request.source)
 
 
-async def _verify(rt: Runtime, ids: Ids, request: None) -> list[FileVerdict]:
-    checks = await asyncio.to_thread(rt.verify_checkpoint, ids["checkpoint_id"])
-    return [FileVerdict(**dataclasses.asdict(check)) for check in checks]
+async def _verify(rt: Runtime, ids: Ids, request: None) -> list[FileCheck]:
+    return await asyncio.to_thread(rt.verify_checkpoint, ids["checkpoint_id"])
 
 
 async def _recover(rt: Runtime, ids: Ids, request: None) -> list[Session | ErrorResponse]:
@@ -320,7 +306,7 @@ OPERATIONS: tuple[Op, ...] = (
     ),
     Op(
         "verify_checkpoint", "POST", f"{_C}/verify", _verify, "Verify a checkpoint's files",
-        "checkpoints", response=list[FileVerdict], mcp=True,
+        "checkpoints", response=list[FileCheck], mcp=True,
         description="Hash every file of a checkpoint against its manifest: one verdict per "
         "file (ok, or what is wrong). A damaged manifest is a 409 damaged_checkpoint.",
     ),

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         ProcessChange,
         StateDiff,
     )
-    from forkpoint.models.portable import CheckpointTransfer, TransferKind
+    from forkpoint.models.portable import CheckpointTransfer, FileCheck, TransferKind
     from forkpoint.models.wire import (
         ErrorDetail,
         ErrorResponse,
@@ -70,6 +70,7 @@ _LAZY = {
     "StateDiff": ("forkpoint.models.history", "StateDiff"),
     "CheckpointTransfer": ("forkpoint.models.portable", "CheckpointTransfer"),
     "TransferKind": ("forkpoint.models.portable", "TransferKind"),
+    "FileCheck": ("forkpoint.models.portable", "FileCheck"),
     "Operation": ("forkpoint.models.wire", "Operation"),
     "OperationKind": ("forkpoint.models.wire", "OperationKind"),
     "OperationState": ("forkpoint.models.wire", "OperationState"),
@@ -103,6 +104,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointKind",
     "CheckpointTransfer",
+    "FileCheck",
     "CommandResult",
     "ErrorDetail",
     "ErrorResponse",

@@ -1,5 +1,5 @@
-"""What a push, pull, export or import did. Part of :mod:`forkpoint.models` (import it
-from there)."""
+"""What a push, pull, export or import did, and what a checkpoint's verification found.
+Part of :mod:`forkpoint.models` (import it from there)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from forkpoint.models import Checkpoint
 
-__all__ = ["CheckpointTransfer", "TransferKind"]
+__all__ = ["CheckpointTransfer", "FileCheck", "TransferKind"]
 
 
 class TransferKind(StrEnum):
@@ -37,3 +37,16 @@ class CheckpointTransfer:
     skipped_objects: int
     received_objects: int
     duration_ms: float
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file of a verified checkpoint against its manifest: ``ok``, or its ``problem``;
+    ``hashed``: its bytes were read (else only its size was checked); ``ms`` it took."""
+
+    name: str
+    size: int
+    ok: bool
+    problem: str | None
+    hashed: bool
+    ms: float

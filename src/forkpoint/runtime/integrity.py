@@ -31,13 +31,13 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from forkpoint.errors import DamagedCheckpoint
+from forkpoint.models import FileCheck
 
 from .manifest import CheckpointFiles
 
@@ -204,18 +204,6 @@ def check_manifest(files: CheckpointFiles, stored: dict[str, Any]) -> dict[str, 
     if data != stored:
         raise _damaged(cid, "manifest.json differs from the store's copy")
     return stored
-
-
-@dataclass(frozen=True)
-class FileCheck:
-    """One file of a verified checkpoint."""
-
-    name: str
-    size: int
-    ok: bool
-    problem: str | None
-    hashed: bool
-    ms: float
 
 
 def _check_one(files: CheckpointFiles, key: str, want: dict[str, Any], *, full: bool) -> FileCheck:

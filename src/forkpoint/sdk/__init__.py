@@ -20,11 +20,11 @@ Both modes speak the REST API: embedded mode runs that API in-process. Values ar
 :mod:`forkpoint.models` (re-exported here); errors are :mod:`forkpoint.errors` classes.
 """
 
-from forkpoint.api import FileVerdict
 from forkpoint.errors import ForkpointError
 from forkpoint.models import (
     BackgroundProcess,
     CommandResult,
+    FileCheck,
     FileEntry,
     Process,
 )
@@ -51,7 +51,7 @@ __all__ = [
     "CommandResult",
     "Commands",
     "FileEntry",
-    "FileVerdict",
+    "FileCheck",
     "Files",
     "ForkpointError",
     "Ports",

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from forkpoint.api import FileVerdict
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
     DEFAULT_CPUS,
@@ -20,6 +19,7 @@ from forkpoint.models import (
     BackgroundProcess,
     CheckpointTransfer,
     CommandResult,
+    FileCheck,
     FileEntry,
     HistoryStep,
     Network,
@@ -387,7 +387,7 @@ class AsyncCheckpoint:
             s if isinstance(s, ForkpointError) else AsyncSandbox(self._client, s) for s in slots
         ]
 
-    async def verify(self) -> list[FileVerdict]:
+    async def verify(self) -> list[FileCheck]:
         """Hash every file of this checkpoint against its manifest: one verdict per file.
         :raises DamagedCheckpoint: its manifest is damaged."""
         return await self._client.verify_checkpoint(self.id)

@@ -31,7 +31,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from forkpoint.api import FileVerdict, operation
+from forkpoint.api import operation
 from forkpoint.config import home
 from forkpoint.errors import ForkpointError, InternalError, InvalidInput, code_for_status
 from forkpoint.models import (
@@ -40,6 +40,7 @@ from forkpoint.models import (
     CheckpointTransfer,
     CommandResult,
     ErrorResponse,
+    FileCheck,
     FileEntry,
     HistoryStep,
     Port,
@@ -293,8 +294,8 @@ class ApiClient:
     async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
         return _slots(await self.call("fork", checkpoint, body={"count": count}))
 
-    async def verify_checkpoint(self, checkpoint: str) -> list[FileVerdict]:
-        verdicts: list[FileVerdict] = await self.call("verify_checkpoint", checkpoint)
+    async def verify_checkpoint(self, checkpoint: str) -> list[FileCheck]:
+        verdicts: list[FileCheck] = await self.call("verify_checkpoint", checkpoint)
         return verdicts
 
     async def push_checkpoint(self, checkpoint: str, to: str) -> CheckpointTransfer:

@@ -4,7 +4,6 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
-from forkpoint.api import FileVerdict
 from forkpoint.errors import ForkpointError
 from forkpoint.models import (
     DEFAULT_CPUS,
@@ -12,6 +11,7 @@ from forkpoint.models import (
     BackgroundProcess,
     CheckpointTransfer,
     CommandResult,
+    FileCheck,
     FileEntry,
     HistoryStep,
     Network,
@@ -157,7 +157,7 @@ class Checkpoint(SyncTwin):
     @property
     def info(self) -> CheckpointInfo: ...
     def fork(self, count: int = 1) -> list[Sandbox | ForkpointError]: ...
-    def verify(self) -> list[FileVerdict]: ...
+    def verify(self) -> list[FileCheck]: ...
     def push(self, to: str) -> CheckpointTransfer: ...
     @classmethod
     def pull(
