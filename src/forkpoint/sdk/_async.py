@@ -190,9 +190,7 @@ class AsyncSandbox:
         file write, see :meth:`history` and :meth:`undo`, the last ``history_keep`` kept).
         :raises NotFound: no such image. :raises InvalidInput:
         :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
-        client = ApiClient(base_url, token, runtime)
-        client.retain()  # held while creating, so a failure closes the connection
-        try:
+        async with ApiClient.held(base_url, token, runtime) as client:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
                 network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
@@ -200,8 +198,6 @@ class AsyncSandbox:
                 history_keep=history_keep,
             )  # fmt: skip
             return cls(client, info)
-        finally:
-            await client.release()
 
     @classmethod
     async def connect(
@@ -213,12 +209,8 @@ class AsyncSandbox:
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Attach to an existing session by id or name. :raises NotFound:"""
-        client = ApiClient(base_url, token, runtime)
-        client.retain()
-        try:
+        async with ApiClient.held(base_url, token, runtime) as client:
             return cls(client, await client.get(session))
-        finally:
-            await client.release()
 
     @classmethod
     async def list_sessions(
@@ -229,12 +221,8 @@ class AsyncSandbox:
         runtime: Runtime | None = None,
     ) -> list[Session]:
         """Every session."""
-        client = ApiClient(base_url, token, runtime)
-        client.retain()
-        try:
+        async with ApiClient.held(base_url, token, runtime) as client:
             return await client.list_sessions()
-        finally:
-            await client.release()
 
     @classmethod
     async def recover(
@@ -246,13 +234,9 @@ class AsyncSandbox:
     ) -> list[AsyncSandbox | ForkpointError]:
         """Roll every crashed session back to its latest checkpoint (same id and ports),
         e.g. after the host restarted: one slot per session, a failure as its error."""
-        client = ApiClient(base_url, token, runtime)
-        client.retain()
-        try:
+        async with ApiClient.held(base_url, token, runtime) as client:
             slots = await client.recover()
             return [s if isinstance(s, ForkpointError) else cls(client, s) for s in slots]
-        finally:
-            await client.release()
 
     # -- state -------------------------------------------------------------------------
 
@@ -364,12 +348,8 @@ class AsyncCheckpoint:
         runtime: Runtime | None = None,
     ) -> AsyncCheckpoint:
         """An existing checkpoint by id or name. :raises NotFound:"""
-        client = ApiClient(base_url, token, runtime)
-        client.retain()
-        try:
+        async with ApiClient.held(base_url, token, runtime) as client:
             return cls(client, await client.get_checkpoint(checkpoint))
-        finally:
-            await client.release()
 
     @property
     def id(self) -> str:
@@ -414,13 +394,9 @@ class AsyncCheckpoint:
         :raises IncompatibleCheckpoint: this host cannot restore it (no RAM was
             downloaded); :raises DamagedCheckpoint: an object did not match its digest.
         """
-        client = ApiClient(base_url, token, runtime)
-        client.retain()
-        try:
+        async with ApiClient.held(base_url, token, runtime) as client:
             pulled = await client.pull_checkpoint(ref, source)
             return cls(client, pulled.checkpoint)
-        finally:
-            await client.release()
 
     async def remove(self) -> None:
         """Delete the checkpoint. :raises InUse: sessions or checkpoints depend on it."""

@@ -21,9 +21,10 @@ ends, so callers see one call that returns the result or raises its error either
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
@@ -108,6 +109,20 @@ class ApiClient:
         return httpx.ASGITransport(app=create_app(runtime))
 
     # -- lifetime ----------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def held(
+        cls, base_url: str | None, token: str | None, runtime: Runtime | None
+    ) -> AsyncIterator[ApiClient]:
+        """A new client, held while the block runs: what the block makes from it (a
+        sandbox, a checkpoint) holds it on; if nothing does, it closes on leaving."""
+        client = cls(base_url, token, runtime)
+        client.retain()
+        try:
+            yield client
+        finally:
+            await client.release()
 
     def retain(self) -> None:
         self._users += 1
