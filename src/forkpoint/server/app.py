@@ -530,7 +530,7 @@ def _checkpoint_links(
     since)."""
     links: dict[str, Any] = {
         _link_name(target): {"operationId": target, "parameters": {"checkpoint_id": checkpoint_id}}
-        for target in ("get_checkpoint", "remove_checkpoint", "fork")
+        for target in ("get_checkpoint", "remove_checkpoint", "fork", "verify_checkpoint")
     }
     links["Fork"]["requestBody"] = {"count": 1}
     if not rollback:
