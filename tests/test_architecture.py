@@ -315,3 +315,82 @@ def lookup(self, name):
         "open",
         "self.lookup",
     ]
+
+
+# -- no import cycle -----------------------------------------------------------------------
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that module ``name`` (at ``path``) imports when it is
+    loaded: its top-level imports (not those in functions, nor under ``if
+    TYPE_CHECKING``), ``from package import submodule`` counted as the submodule."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.add(submodule if submodule in modules else base)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_cycles(files: dict[str, Path]) -> list[list[str]]:
+    """The strongly connected groups (of two or more) of the top-level import graph."""
+    graph = {name: _top_level_imports(name, path, set(files)) for name, path in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No cycle among the imports made when modules load (lazy ones inside functions and
+    TYPE_CHECKING ones aside: the runtime's helpers still reach back into it that way)."""
+    files = {_module_name(p, SRC.parent): p for p in SRC.rglob("*.py")}
+    assert import_cycles(files) == []
+
+
+def test_the_cycle_check_sees_one(tmp_path: Path) -> None:
+    package = tmp_path / "forkpoint" / "demo_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from forkpoint.demo_pkg.b import x\ny = 1\n")
+    (package / "b.py").write_text("from .a import y\nx = 2\n")
+    (package / "c.py").write_text("from forkpoint.demo_pkg import a\n")
+    files = {_module_name(p, tmp_path): p for p in package.glob("*.py")}
+    assert import_cycles(files) == [["forkpoint.demo_pkg.a", "forkpoint.demo_pkg.b"]]
