@@ -399,8 +399,8 @@ class Campaign:
         self.ledger.seen.add(extra)
         ports_before = {s["id"]: s["ports"] for s in fpj("ls")}
         for pid, _ in home_processes(self.home, self.ledger.seen):
-            # A passt may be gone already: it quits once its QEMU (killed just before) hangs
-            # up — found in CI inside the Debian 13 root.
+            # A passt may be gone already: given its QEMU connection (--fd), it quits once that
+            # QEMU (killed just before) hangs up — found in CI inside the Debian 13 root.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         row.injected += 1
