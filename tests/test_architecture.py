@@ -394,3 +394,70 @@ def test_the_cycle_check_sees_one(tmp_path: Path) -> None:
     (package / "c.py").write_text("from forkpoint.demo_pkg import a\n")
     files = {_module_name(p, tmp_path): p for p in package.glob("*.py")}
     assert import_cycles(files) == [["forkpoint.demo_pkg.a", "forkpoint.demo_pkg.b"]]
+
+
+# -- no private access across modules ---------------------------------------------------------
+
+# A namedtuple's public API is spelled with an underscore (to stay out of its fields' way).
+_NAMEDTUPLE_API = {"_fields", "_replace", "_asdict", "_make"}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in _NAMEDTUPLE_API
+
+
+def private_access_across_modules(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each private name this module uses but does not define: an
+    ``obj._name`` (``obj`` not ``self``/``cls``) whose ``_name`` the module never defines
+    or assigns, and each ``from x import _name``. What a module defines it may use on
+    any object of its own classes."""
+    tree = ast.parse(source)
+    defined: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            defined.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if _is_private(a.name)]
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if node.attr not in defined:
+                found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """A service is used through what it publishes: a helper calling another module's
+    ``_private`` method is a hidden dependency (the runtime's helpers used to)."""
+    violations = [
+        f"{path.relative_to(SRC)}:{line}: {what}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, what in private_access_across_modules(path.read_text())
+    ]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_private_access_check_sees_what_it_must() -> None:
+    source = """
+from .runtime import _helper, Runtime
+
+class Pool:
+    def __init__(self):
+        self._rows = []
+
+    def merge(self, other):
+        return self._rows + other._rows + other._gone
+
+async def diff(runtime):
+    await runtime._fork_target(None)
+    return runtime.store._read(), point._replace(x=1)
+"""
+    found = [what for _, what in private_access_across_modules(source)]
+    assert found == ["import _helper", "other._gone", "runtime._fork_target", "runtime.store._read"]

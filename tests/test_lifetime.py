@@ -109,6 +109,39 @@ def test_disk_use_and_timeout_through_the_cli() -> None:
 
 
 @pytest.mark.vm
+def test_pause_resume_and_a_lifetime_that_ends_in_a_pause() -> None:
+    """One lifetime concept: a session created to pause at its timeout is paused by the
+    next CLI call past it (a hidden ``pause`` checkpoint, the VM gone, no expiry left),
+    and ``resume`` brings its processes back at the same PIDs. Removing it deletes the
+    pause checkpoint nothing depends on."""
+    s = cli_json("create", "--timeout", "600", "--on-timeout", "pause")
+    try:
+        assert s["on_expiry"] == "pause"
+        pid = cli_json("exec", "-b", s["id"], "--", "sleep", "1000")["pid"]
+        qemu = _qemu_pid(s["id"])
+        cli_json("timeout", s["id"], "1")
+        time.sleep(1.5)
+        paused = cli_json("show", s["id"])  # this CLI call pauses it
+        assert (paused["state"], paused["expires_at"]) == ("stopped", None)
+        assert not is_running(qemu, f"forkpoint-{s['id']}")
+        with Store.open(home()) as store:
+            (hidden,) = store.list_checkpoints(session_id=s["id"])
+        assert hidden.kind == "pause" and hidden.id not in _listed("checkpoints")
+        assert "is stopped" in cli("pause", s["id"], code=4).stderr.decode()
+        resumed = cli_json("resume", s["id"])
+        assert resumed["state"] == "running" and resumed["ports"] == s["ports"]
+        cli("exec", s["id"], "--", "kill", "-0", str(pid))  # the same process, same PID
+        assert "not paused" in cli("resume", s["id"], code=4).stderr.decode()
+        again = cli_json("pause", s["id"])
+        assert again["state"] == "stopped"
+        cli("rm", s["id"])
+        with Store.open(home()) as store:
+            assert store.list_checkpoints(session_id=s["id"]) == []
+    finally:
+        remove_sessions(s["id"])
+
+
+@pytest.mark.vm
 def test_the_server_reaper_removes_an_expired_session(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [*FORKPOINT, "serve", "--socket", str(tmp_path / "s")], stderr=subprocess.DEVNULL

@@ -34,6 +34,7 @@ from forkpoint.store import (
     session_lock_async,
 )
 from forkpoint.store.db import session_uids
+from forkpoint.store.e2b import E2bStore
 from forkpoint.store.history import HistoryStore
 from forkpoint.store.schema import MIGRATIONS, migrate, schema_version
 
@@ -115,6 +116,64 @@ def test_older_database_is_upgraded_and_keeps_its_data(home: Home) -> None:
         assert {s.uid for s in store.list_sessions()} == {first, first + 1}
         assert store.get_template("ih", "mk") is None
         assert HistoryStore(store).keep("s-000000000a") is None  # the newest tables work
+
+
+def test_v9_moves_the_gateway_lifetimes_and_hidden_checkpoints_onto_the_runtime(
+    home: Home,
+) -> None:
+    """A v8 database: a running E2B sandbox with auto-pause and an end time, a paused
+    one, their pause/fork checkpoints and a history step become sessions' lifetimes and
+    checkpoint purposes; the foreign keys still hold after the checkpoints table's rebuild."""
+    home.ensure()
+    with closing(sqlite3.connect(home.db, isolation_level=None)) as conn:
+        migrate(conn, MIGRATIONS[:8])
+        conn.execute("INSERT INTO layers VALUES ('l.qcow2', NULL, '2024-01-01T00:00:00.000Z')")
+        for sid, uid in (("s-00000000aa", 1), ("s-00000000bb", 2)):
+            conn.execute(
+                "INSERT INTO sessions (id, image, image_hash, state, created_at, memory_mib, "
+                "cpus, network, disk_layer, uid) VALUES (?, 'default', 'ih', 'running', "
+                "'2024-01-01T00:00:00.000Z', 512, 1, 'user', 'l.qcow2', ?)",
+                (sid, uid),
+            )
+        for cid, kind in (("c-0000000001", "user"), ("c-0000000002", "user"),
+                          ("c-0000000003", "user"), ("c-0000000004", "template")):  # fmt: skip
+            conn.execute(
+                "INSERT INTO checkpoints (id, session_id, kind, created_at, disk_layer, image, "
+                "image_hash) VALUES (?, 's-00000000aa', ?, '2024-01-01T00:00:00.000Z', "
+                "'l.qcow2', 'default', 'ih')",
+                (cid, kind),
+            )
+        conn.execute(
+            "INSERT INTO e2b_sandboxes VALUES ('s-00000000aa', 't', 'base', '{}', '{}', "
+            "1700000000, 1700000300.5, 1, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO e2b_sandboxes VALUES ('s-00000000bb', 't', 'base', '{}', '{}', "
+            "1700000000, 1700000300, 0, 'c-0000000001')"
+        )
+        conn.execute("INSERT INTO e2b_internal_checkpoints VALUES ('c-0000000001', "
+                     "'s-00000000bb', 'pause')")  # fmt: skip
+        conn.execute("INSERT INTO e2b_internal_checkpoints VALUES ('c-0000000002', "
+                     "'s-00000000aa', 'fork')")  # fmt: skip
+        conn.execute("INSERT INTO history_sessions VALUES ('s-00000000aa', 20)")
+        conn.execute("INSERT INTO history_steps VALUES ('c-0000000003', 's-00000000aa', "
+                     "'ls', 1, 0)")  # fmt: skip
+    with Store.open(home) as store:
+        running, paused = store.get_session("s-00000000aa"), store.get_session("s-00000000bb")
+        assert (running.expires_at, running.on_expiry) == ("2023-11-14T22:18:20.500Z", "pause")
+        assert (paused.expires_at, paused.on_expiry) == (None, "remove")
+        kinds = {c.id: c.kind for c in store.list_checkpoints()}
+        assert kinds == {"c-0000000001": "pause", "c-0000000002": "fork",
+                         "c-0000000003": "history", "c-0000000004": "template"}  # fmt: skip
+        assert [
+            c.id for c in store.list_checkpoints(kind=(CheckpointKind.USER, CheckpointKind.HISTORY))
+        ] == ["c-0000000003"]
+        assert E2bStore(store).get("s-00000000aa").template == "base"
+        assert HistoryStore(store).steps("s-00000000aa")["c-0000000003"].label == "ls"
+        with store.transaction() as conn:
+            assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert "e2b_internal_checkpoints" not in tables
 
 
 def test_migration_runs_each_step_once_and_in_order(tmp_path: Path) -> None:

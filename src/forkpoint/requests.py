@@ -42,6 +42,7 @@ from forkpoint.models import (
     MAX_TIMEOUT_S,
     MIN_MEMORY_MIB,
     NAME_PATTERN,
+    Expiry,
     Network,
     OutputEncoding,
 )
@@ -240,12 +241,17 @@ class CreateSessionRequest(_Request):
     disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB), _JSON_INTEGER] | None = None
     history: Flag = False  # a checkpoint before every exec and file write (undo)
     history_keep: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 20  # automatic ones kept
+    on_expiry: Expiry = Field(
+        default=Expiry.REMOVE, description="What happens when its lifetime ends."
+    )
 
 
 class TimeoutRequest(_Request):
-    """A session's new lifetime, from now; None: it never expires."""
+    """A session's new lifetime, from now; None: it never expires. ``on_expiry``: what
+    happens then (None: as before)."""
 
     timeout_s: TimeoutS | None
+    on_expiry: Expiry | None = None
 
 
 class _ExecBase(_Request):

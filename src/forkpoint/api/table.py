@@ -134,7 +134,15 @@ async def _remove_session(rt: Runtime, ids: Ids, request: None) -> None:
 
 
 async def _set_timeout(rt: Runtime, ids: Ids, request: TimeoutRequest) -> Session:
-    return await rt.set_timeout(ids["session_id"], request.timeout_s)
+    return await rt.set_timeout(ids["session_id"], request.timeout_s, request.on_expiry)
+
+
+async def _pause(rt: Runtime, ids: Ids, request: None) -> Session:
+    return await rt.pause(ids["session_id"])
+
+
+async def _resume(rt: Runtime, ids: Ids, request: None) -> Session:
+    return await rt.resume(ids["session_id"])
 
 
 async def _rollback(rt: Runtime, ids: Ids, request: RollbackRequest) -> Session:
@@ -214,7 +222,8 @@ OPERATIONS: tuple[Op, ...] = (
         description="Create a session (a microVM) from an image; ``ports`` are guest ports "
         "to forward to the host's 127.0.0.1. The guest reaches the internet but not the "
         "host, private or link-local addresses; ``allow_net``/``deny_net`` (CIDRs) adjust "
-        "that. ``timeout_s``: seconds until it is removed. ``disk_mib``: its virtual "
+        "that. ``timeout_s``: seconds until it is removed (or paused: ``on_expiry``). "
+        "``disk_mib``: its virtual "
         "disk's size. ``history``: checkpoint automatically before every exec and file "
         "write, so `undo` can take steps back (``history_keep`` of them). Returns the "
         "session (id, ports with URLs, ...).",
@@ -228,7 +237,19 @@ OPERATIONS: tuple[Op, ...] = (
     Op(
         "set_timeout", "POST", f"{_S}/timeout", _set_timeout, "Set a session's lifetime",
         "sessions", TimeoutRequest, Session,
-        description="The session is removed ``timeout_s`` seconds from now (null: never).",
+        description="The session's lifetime ends ``timeout_s`` seconds from now (null: "
+        "never); then it is removed, or paused (``on_expiry``).",
+    ),
+    Op(
+        "pause", "POST", f"{_S}/pause", _pause, "Pause a session", "sessions",
+        response=Session, cost=Cost.CHECKPOINT, mcp=True,
+        description="Checkpoint the session and stop its VM; resume brings it back as it was "
+        "(same id and ports, processes at the same PIDs). A paused session never expires.",
+    ),
+    Op(
+        "resume", "POST", f"{_S}/resume", _resume, "Resume a paused session", "sessions",
+        response=Session, cost=Cost.ROLLBACK, mcp=True,
+        description="Bring a paused session back from the checkpoint it was paused at.",
     ),
     Op(
         "rollback", "POST", f"{_S}/rollback", _rollback, "Roll a session back", "sessions",

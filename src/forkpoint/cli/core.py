@@ -45,7 +45,7 @@ def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
         use_fan_out_pool()
         runtime = await asyncio.to_thread(Runtime.open)
         try:
-            await asyncio.to_thread(runtime.upkeep)
+            await runtime.expire()  # every CLI call ends lifetimes that are over first
             return await operation(runtime)
         finally:
             await asyncio.to_thread(runtime.close)
@@ -76,6 +76,7 @@ def queries() -> Iterator[Queries]:
     """The runtime's reads alone: no VM engine, no asyncio (``ls``/``show`` stay fast)."""
     from forkpoint.config import home
     from forkpoint.runtime.queries import Queries
+    from forkpoint.runtime.upkeep import due_to_pause
     from forkpoint.store import Store
 
     root = home().ensure()
@@ -83,6 +84,8 @@ def queries() -> Iterator[Queries]:
     try:
         reads = Queries(root, store)
         reads.upkeep()  # every CLI call ends expired sessions first
+        if due_to_pause(reads):  # rare: pausing needs the VM engine
+            run(lambda runtime: runtime.expire())
         yield reads
     finally:
         store.close()

@@ -13,9 +13,12 @@ from typing import Annotated
 import typer
 from annotated_types import Ge, Le
 
+from forkpoint.models import Expiry
 from forkpoint.requests import CreateSessionRequest
 
-__all__ = ["CpusOption", "ImageOption", "MemoryOption", "NetworkOption"]
+__all__ = [
+    "CpusOption", "ImageOption", "MemoryOption", "NetworkOption", "OnTimeoutOption",
+]  # fmt: skip
 
 
 def _help(field: str) -> str:
@@ -33,3 +36,4 @@ CpusOption = Annotated[int, typer.Option("--cpus", help=_help("cpus"))]
 NetworkOption = Annotated[
     str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
 ]
+OnTimeoutOption = Annotated[Expiry, typer.Option("--on-timeout", help=_help("on_expiry"))]

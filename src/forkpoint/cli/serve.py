@@ -58,7 +58,7 @@ def serve_command(
     request needs the bearer token written to $FORKPOINT_HOME/token (printed once).
     """
     from forkpoint.runtime import Runtime
-    from forkpoint.runtime.reaper import upkeep_forever
+    from forkpoint.runtime.reaper import reap_forever
     from forkpoint.server import bind_tcp, bind_unix, create_app, is_loopback, serve_on, write_token
 
     if socket_path is not None and port is not None:
@@ -73,7 +73,7 @@ def serve_command(
 
         if socket_path is not None:
             raise InvalidInput("--e2b serves on TCP: use --port, not --socket")
-        signal.signal(signal.SIGTERM, _raise_exit)
+        signal.signal(signal.SIGTERM, raise_exit)
         serve_e2b(
             host=host, port=port, proxy_port=proxy_port, timeout_s=e2b_timeout,
             log_level=log_level,
@@ -84,11 +84,11 @@ def serve_command(
     if port is None and host != "127.0.0.1":
         raise InvalidInput("--host applies to --port only")
     # From here on SIGTERM unwinds (finally blocks run): the socket file gets removed.
-    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGTERM, raise_exit)
     runtime = Runtime.open()
 
-    def reaper() -> Coroutine[Any, Any, None]:  # session timeouts and log caps, every second
-        return upkeep_forever(runtime)
+    def reaper() -> Coroutine[Any, Any, None]:  # lifetimes and log caps, every second
+        return reap_forever(runtime)
 
     try:
         if port is None:
@@ -119,7 +119,7 @@ def serve_command(
         runtime.close()
 
 
-def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+def raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 

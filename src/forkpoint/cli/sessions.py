@@ -1,4 +1,5 @@
-"""``forkpoint create | ls | show | rm | port``: the lifecycle of sessions."""
+"""``forkpoint create | ls | show | rm | port | timeout | pause | resume``: the lifecycle
+of sessions."""
 
 from __future__ import annotations
 
@@ -22,11 +23,17 @@ from forkpoint.cli._run import (
 )
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.core import get_session, list_sessions
-from forkpoint.cli.options import CpusOption, ImageOption, MemoryOption, NetworkOption
+from forkpoint.cli.options import (
+    CpusOption,
+    ImageOption,
+    MemoryOption,
+    NetworkOption,
+    OnTimeoutOption,
+)
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
 from forkpoint.errors import InvalidInput
-from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB
+from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Expiry
 
 if TYPE_CHECKING:
     from forkpoint.models import Limits, Port, Session
@@ -42,6 +49,8 @@ def register(app: typer.Typer) -> None:
     app.command("rm")(rm_command)
     app.command("port")(port_command)
     app.command("timeout")(timeout_command)
+    app.command("pause")(pause_command)
+    app.command("resume")(resume_command)
     app.command("console")(console_command)
 
 
@@ -71,8 +80,9 @@ def create_command(
     ] = None,
     timeout: Annotated[
         float | None,
-        typer.Option("--timeout", help="Remove the session after this many seconds."),
+        typer.Option("--timeout", help="End the session's lifetime after this many seconds."),
     ] = None,
+    on_timeout: OnTimeoutOption = Expiry.REMOVE,
     disk: Annotated[
         str | None,
         typer.Option("--disk", help="Virtual disk size, e.g. 8G (default: the image's)."),
@@ -102,7 +112,7 @@ def create_command(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
             network=network, allow_net=allow_net or [], deny_net=deny_net or [],
             timeout_s=timeout, disk_mib=disk_mib, history=history,
-            history_keep=history_keep,
+            history_keep=history_keep, on_expiry=on_timeout,
         )  # fmt: skip
 
     disk_mib = _mib(disk) if disk is not None else None
@@ -259,22 +269,65 @@ def port_command(
 def timeout_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
     seconds: Annotated[
-        float, typer.Argument(help="Remove it this many seconds from now; 0: never.")
+        float, typer.Argument(help="End its lifetime this many seconds from now; 0: never.")
     ],
+    on_timeout: Annotated[
+        Expiry | None,
+        typer.Option("--on-timeout", help="Then remove or pause it (default: as before)."),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Set a session's lifetime, from now: past it, the session is removed (its
-    checkpoints stay). `forkpoint serve` and every CLI call enforce it."""
+    checkpoints stay) or paused (--on-timeout pause). `forkpoint serve` and every CLI
+    call enforce it."""
 
     async def op(runtime: Runtime) -> Session:
-        return await runtime.set_timeout(session, seconds or None)
+        return await runtime.set_timeout(session, seconds or None, on_timeout)
 
     s = run(op)
     if as_json:
         emit_json(s)
         return
-    when = f"expires {_expiry(s.expires_at)}" if s.expires_at else "never expires"
+    then = "removed" if s.on_expiry == Expiry.REMOVE else "paused"
+    when = f"expires {_expiry(s.expires_at)}, then {then}" if s.expires_at else "never expires"
     console.print(f"[cyan]{s.id}[/] {when}", highlight=False)
+
+
+@reports_errors
+def pause_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Checkpoint a session and stop its VM; `resume` brings it back as it was (same id
+    and ports, processes at the same PIDs). A paused session never expires."""
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.pause(session)
+
+    with spinner(f"pausing {session}…"), Timer() as timer:
+        s = run(op)
+    if as_json:
+        emit_json(s)
+        return
+    console.print(f"[cyan]{s.id}[/] paused in {format_ms(timer.ms)}", highlight=False)
+
+
+@reports_errors
+def resume_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Bring a paused session back from the checkpoint it was paused at."""
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.resume(session)
+
+    with spinner(f"resuming {session}…"), Timer() as timer:
+        s = run(op)
+    if as_json:
+        emit_json(s)
+        return
+    print_session(s, f"[bold green]resumed[/] [cyan]{s.id}[/] in {format_ms(timer.ms)}")
 
 
 def _mib(size: str) -> int:

@@ -25,11 +25,11 @@ def ui_command(
 ) -> None:
     """Serve the web page (sessions, lineage tree, diffs, checkpoint/fork/rollback buttons)
     and the API on 127.0.0.1; prints a login URL that works once."""
-    from forkpoint.cli.serve import _raise_exit
+    from forkpoint.cli.serve import raise_exit
     from forkpoint.runtime import Runtime
     from forkpoint.server import bind_tcp, create_app, serve_on, write_token
 
-    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGTERM, raise_exit)
     runtime = Runtime.open()
     try:
         sock = bind_tcp("127.0.0.1", port)

@@ -58,7 +58,7 @@ def _listed(sandboxes: Sandboxes, sandbox: Sandbox) -> ListedSandbox:
     r = sandbox.record
     return ListedSandbox(
         templateID=r.template, sandboxID=sandbox.id, clientID=CLIENT_ID,
-        startedAt=_iso(r.started_at), endAt=_iso(r.end_at), cpuCount=sandbox.session.cpus,
+        startedAt=_iso(r.started_at), endAt=_iso(sandbox.end_at), cpuCount=sandbox.session.cpus,
         memoryMB=sandbox.session.memory_mib, diskSizeMB=_DISK_MB,
         state="paused" if sandbox.paused else "running",
         envdVersion=sandboxes.config.envd_version, alias=r.template, metadata=r.metadata,
@@ -111,7 +111,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             **_listed(sandboxes, sandbox).model_dump(),
             envdAccessToken=r.access_token, domain=sandboxes.config.domain,
             allowInternetAccess=sandbox.session.network == "user",
-            lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if r.auto_pause else "kill"),
+            lifecycle=Lifecycle(
+                autoResume=False, onTimeout="pause" if sandbox.auto_pause else "kill"
+            ),
         )  # fmt: skip
 
     @router.delete("/sandboxes/{sandbox_id}", status_code=204)
@@ -121,7 +123,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
     async def set_timeout(sandbox_id: str, body: TimeoutBody) -> Response:
-        await asyncio.to_thread(sandboxes.set_timeout, sandbox_id, body.timeout)
+        await sandboxes.set_timeout(sandbox_id, body.timeout)
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)

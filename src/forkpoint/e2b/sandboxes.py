@@ -1,11 +1,13 @@
-"""E2B sandbox lifecycle on forkpoint sessions: create, connect (resume), pause, fork,
-snapshots, timeouts, kill — and forkpoint's rollback extension.
+"""E2B sandbox lifecycle on forkpoint sessions: a mapping of E2B's API onto runtime
+operations, with no lock, state or reaper of its own.
 
-A sandbox *is* a session (same id); its E2B-only state lives in the store's
-``e2b_sandboxes`` table. Mapping: create = ``create(image)`` or ``fork(checkpoint)``;
-pause = ``checkpoint`` + ``stop``; resume = ``rollback`` to the pause checkpoint (same id,
-same host ports, processes at the same PIDs); fork = ``checkpoint`` + ``fork``; snapshot =
-a named checkpoint; kill = ``remove``.
+A sandbox *is* a session (same id); the store's ``e2b_sandboxes`` row adds only what E2B
+has and forkpoint does not (access token, template name, metadata, default environment).
+Mapping: create = ``create(image)`` or ``fork(checkpoint)``; timeout = the session's
+lifetime, ``autoPause`` its ``on_expiry`` (the runtime's reaper ends it); pause = ``pause``;
+resume = ``resume`` (same id, same host ports, processes at the same PIDs); fork =
+``checkpoint`` (a hidden ``fork`` one) + ``fork``; snapshot = a named checkpoint; kill =
+``remove``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from forkpoint.config import ApiLimits
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
@@ -22,6 +25,8 @@ from forkpoint.models import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MIB,
     Checkpoint,
+    CheckpointKind,
+    Expiry,
     Network,
     Session,
     SessionState,
@@ -64,6 +69,18 @@ class Sandbox:
     def paused(self) -> bool:
         return self.session.state != SessionState.RUNNING
 
+    @property
+    def end_at(self) -> float:
+        """When its lifetime ends (Unix seconds); a paused sandbox's never does: now."""
+        expires_at = self.session.expires_at
+        if expires_at is None:
+            return time.time()
+        return datetime.fromisoformat(expires_at.replace("Z", "+00:00")).timestamp()
+
+    @property
+    def auto_pause(self) -> bool:
+        return self.session.on_expiry == Expiry.PAUSE
+
 
 class Sandboxes:
     """The gateway's sandbox operations (one instance per server)."""
@@ -72,11 +89,6 @@ class Sandboxes:
         self.runtime = runtime
         self.config = config
         self.records = E2bStore(runtime.store)
-        # One lifecycle operation per sandbox at a time (pause vs. reaper vs. connect).
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    def lock(self, sandbox_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
     # -- queries -------------------------------------------------------------------------
 
@@ -104,6 +116,12 @@ class Sandboxes:
             raise NotFound(f"The sandbox {sandbox_id} was not found")
         return sandbox
 
+    def running_or_conflict(self, sandbox_id: str) -> Sandbox:
+        sandbox = self.get(sandbox_id)
+        if sandbox.paused:
+            raise Conflict(f"sandbox {sandbox_id} is paused; connect to it first")
+        return sandbox
+
     # -- create --------------------------------------------------------------------------
 
     async def create(
@@ -124,10 +142,14 @@ class Sandboxes:
         name = template or DEFAULT_TEMPLATE
         checkpoint = await asyncio.to_thread(self._checkpoint, name)
         admission = self.runtime.admission
+        on_expiry = Expiry.PAUSE if auto_pause else Expiry.REMOVE
         if checkpoint is not None:
             ticket, _ = await admission.fork(checkpoint.id, 1)
             with ticket:
                 session = _only(await self.runtime.fork(checkpoint.id, 1))
+            session = await self.runtime.set_timeout(
+                session.id, self._timeout(timeout_s), on_expiry
+            )
         else:
             image = "default" if name in _BASE_TEMPLATES else name
             try:
@@ -135,42 +157,35 @@ class Sandboxes:
                     session = await self.runtime.create(
                         image=image, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
                         network=Network.NONE if internet is False else Network.USER,
+                        timeout_s=self._timeout(timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip
             except NotFound:
                 raise NotFound(
                     f"template {name!r} not found: not an image, checkpoint or snapshot "
                     "(`forkpoint image ls`, `forkpoint checkpoints`)"
                 ) from None
-        return await asyncio.to_thread(
-            self._adopt, session, name, timeout_s, metadata, env_vars, auto_pause
-        )
+        return await asyncio.to_thread(self._adopt, session, name, metadata, env_vars)
 
     def _checkpoint(self, name: str) -> Checkpoint | None:
         if name in _BASE_TEMPLATES:
             return None
         try:
             return self.runtime.get_checkpoint(name)
-        except NotFound:
-            return None
-        except InvalidInput:
+        except (NotFound, InvalidInput):
             return None
 
     def _adopt(
         self,
         session: Session,
         template: str,
-        timeout_s: int | None,
         metadata: dict[str, str] | None,
         env_vars: dict[str, str] | None,
-        auto_pause: bool,
     ) -> Sandbox:
-        now = time.time()
         record = self.records.insert(
             E2bSandboxRecord(
                 session_id=session.id, access_token=secrets.token_urlsafe(24),
-                template=template, started_at=now, end_at=now + self._timeout(timeout_s),
-                metadata=dict(metadata or {}), env_vars=dict(env_vars or {}),
-                auto_pause=auto_pause,
+                template=template, started_at=time.time(), metadata=dict(metadata or {}),
+                env_vars=dict(env_vars or {}),
             )
         )  # fmt: skip
         return Sandbox(session, record)
@@ -183,163 +198,99 @@ class Sandboxes:
     async def connect(self, sandbox_id: str, timeout_s: int | None) -> tuple[Sandbox, bool]:
         """Resume a paused sandbox (same id and ports, processes at the same PIDs) or just
         extend a running one's end time; returns it and whether it was resumed."""
-        async with self.lock(sandbox_id):
-            sandbox = await asyncio.to_thread(self.get, sandbox_id)
-            end = time.time() + self._timeout(timeout_s)
-            if not sandbox.paused:
-                record = sandbox.record
-                if end > record.end_at:
-                    record = await asyncio.to_thread(self.records.update, record, end_at=end)
-                return Sandbox(sandbox.session, record), False
-            ticket, _ = await self.runtime.admission.rollback(sandbox_id)
-            with ticket:
-                session = await self.runtime.rollback(sandbox_id, sandbox.record.paused_at)
-            record = await asyncio.to_thread(
-                self.records.update, sandbox.record, end_at=end, paused_at=None
-            )
-            return Sandbox(session, record), True
+        sandbox = await asyncio.to_thread(self.get, sandbox_id)
+        timeout = self._timeout(timeout_s)
+        resumed = False
+        if sandbox.paused:
+            try:
+                ticket, _ = await self.runtime.admission.rollback(sandbox_id)
+                with ticket:
+                    await self.runtime.resume(sandbox_id)
+                resumed = True
+            except Conflict:  # resumed meanwhile by another connect: extend it as below
+                sandbox = await asyncio.to_thread(self.get, sandbox_id)
+                if sandbox.paused:
+                    raise
+        if resumed or sandbox.end_at < time.time() + timeout:
+            await self.runtime.set_timeout(sandbox_id, timeout)
+        return await asyncio.to_thread(self.get, sandbox_id), resumed
 
     async def pause(self, sandbox_id: str) -> None:
         """Checkpoint and stop the VM. :raises Conflict: already paused."""
-        async with self.lock(sandbox_id):
-            sandbox = await asyncio.to_thread(self.get, sandbox_id)
-            if sandbox.paused:
-                raise Conflict(f"sandbox {sandbox_id} is already paused")
-            ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
-            with ticket:
-                checkpoint = await self.runtime.checkpoint(sandbox_id)
-            await asyncio.to_thread(
-                self.records.add_internal_checkpoint, checkpoint.id, sandbox_id, "pause"
-            )
-            await self.runtime.stop(sandbox_id)
-            await asyncio.to_thread(self.records.update, sandbox.record, paused_at=checkpoint.id)
+        sandbox = await asyncio.to_thread(self.get, sandbox_id)
+        if sandbox.paused:
+            raise Conflict(f"sandbox {sandbox_id} is already paused")
+        ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
+        with ticket:
+            await self.runtime.pause(sandbox_id)
 
     async def kill(self, sandbox_id: str) -> None:
         """:raises NotFound:"""
-        async with self.lock(sandbox_id):
-            await asyncio.to_thread(self.get, sandbox_id)
-            await self.runtime.remove(sandbox_id)
-            await asyncio.to_thread(self.records.delete, sandbox_id)
-        self._locks.pop(sandbox_id, None)
-        await self.collect_internal_checkpoints()
+        await asyncio.to_thread(self.get, sandbox_id)
+        await self.runtime.remove(sandbox_id)  # its row goes with it
 
-    async def collect_internal_checkpoints(self) -> None:
-        """Delete the gateway's pause/fork checkpoints nothing depends on any more."""
-        for checkpoint_id in await asyncio.to_thread(self._unused_internal_checkpoints):
-            try:
-                await self.runtime.remove_checkpoint(checkpoint_id)
-            except Conflict:
-                continue  # a fork or a resumed session still maps it
-            await asyncio.to_thread(self.records.forget_internal_checkpoint, checkpoint_id)
-
-    def _unused_internal_checkpoints(self) -> list[str]:
-        """The gateway's checkpoints whose sandbox is gone (forgotten at once if the
-        checkpoint is gone too)."""
-        live = {r.session_id for r in self.records.list()}
-        unused = []
-        for checkpoint_id in self.records.internal_checkpoints():
-            try:
-                owner = self.runtime.get_checkpoint(checkpoint_id).session_id
-            except NotFound:
-                self.records.forget_internal_checkpoint(checkpoint_id)
-                continue
-            if owner not in live:
-                unused.append(checkpoint_id)
-        return unused
-
-    def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
-        sandbox = self.get(sandbox_id)
-        self.records.update(sandbox.record, end_at=time.time() + timeout_s)
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
+        """A running sandbox's new end time; a paused one has none (E2B: it is kept)."""
+        sandbox = await asyncio.to_thread(self.get, sandbox_id)
+        if not sandbox.paused:
+            await self.runtime.set_timeout(sandbox_id, timeout_s)
 
     async def fork(
         self, sandbox_id: str, count: int, timeout_s: int | None
     ) -> list[Sandbox | ForkpointError]:
         """``count`` new sandboxes from a checkpoint taken now; processes keep their PIDs."""
-        async with self.lock(sandbox_id):
-            parent = await asyncio.to_thread(self.running_or_conflict, sandbox_id)
-            ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
-            with ticket:
-                checkpoint = await self.runtime.checkpoint(sandbox_id)
-        await asyncio.to_thread(
-            self.records.add_internal_checkpoint, checkpoint.id, sandbox_id, "fork"
-        )
+        parent = await asyncio.to_thread(self.running_or_conflict, sandbox_id)
+        ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
+        with ticket:
+            checkpoint = await self.runtime.checkpoint(sandbox_id, kind=CheckpointKind.FORK)
         ticket, _ = await self.runtime.admission.fork(checkpoint.id, count)
         with ticket:
             results = await self.runtime.fork(checkpoint.id, count)
-        rec = parent.record
-
-        def adopt_all() -> list[Sandbox | ForkpointError]:
-            return [
-                r
-                if isinstance(r, ForkpointError)
-                else self._adopt(
-                    r, rec.template, timeout_s, rec.metadata, rec.env_vars, rec.auto_pause
+        out: list[Sandbox | ForkpointError] = []
+        for result in results:
+            if isinstance(result, ForkpointError):
+                out.append(result)
+                continue
+            session = await self.runtime.set_timeout(
+                result.id, self._timeout(timeout_s), parent.session.on_expiry
+            )
+            rec = parent.record
+            out.append(
+                await asyncio.to_thread(
+                    self._adopt, session, rec.template, rec.metadata, rec.env_vars
                 )
-                for r in results
-            ]
-
-        return await asyncio.to_thread(adopt_all)
-
-    def running_or_conflict(self, sandbox_id: str) -> Sandbox:
-        sandbox = self.get(sandbox_id)
-        if sandbox.paused:
-            raise Conflict(f"sandbox {sandbox_id} is paused; connect to it first")
-        return sandbox
+            )
+        return out
 
     async def snapshot(self, sandbox_id: str, name: str | None) -> Checkpoint:
-        async with self.lock(sandbox_id):
-            await asyncio.to_thread(self.running_or_conflict, sandbox_id)
-            ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
-            with ticket:
-                return await self.runtime.checkpoint(sandbox_id, name)
+        await asyncio.to_thread(self.running_or_conflict, sandbox_id)
+        ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
+        with ticket:
+            return await self.runtime.checkpoint(sandbox_id, name)
 
     def snapshots(self, sandbox_id: str | None) -> list[Checkpoint]:
-        """The user's snapshots (checkpoints), without the gateway's own."""
+        """The user's snapshots (checkpoints), without forkpoint's own."""
         if sandbox_id is not None:
             self.get(sandbox_id)
-        hidden = self.records.internal_checkpoints()
-        return [c for c in self.runtime.list_checkpoints(sandbox_id) if c.id not in hidden]
+        return self.runtime.list_checkpoints(sandbox_id, kinds=(CheckpointKind.USER,))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """:raises NotFound: :raises InUse: sessions or checkpoints depend on it."""
         checkpoint = await asyncio.to_thread(self.runtime.get_checkpoint, snapshot_id)
-        if checkpoint.id in await asyncio.to_thread(self.records.internal_checkpoints):
+        if checkpoint.kind != CheckpointKind.USER:
             raise NotFound(f"snapshot {snapshot_id} not found")
         await self.runtime.remove_checkpoint(checkpoint.id)
 
     async def rollback(self, sandbox_id: str, snapshot_id: str) -> Sandbox:
-        """forkpoint's extension: reset the sandbox in place (same id, same host)."""
-        async with self.lock(sandbox_id):
-            sandbox = await asyncio.to_thread(self.get, sandbox_id)
-            ticket, _ = await self.runtime.admission.rollback(sandbox_id)
-            with ticket:
-                session = await self.runtime.rollback(sandbox_id, snapshot_id)
-            record = sandbox.record
-            if record.paused_at is not None:
-                record = await asyncio.to_thread(
-                    self.records.update, record, paused_at=None,
-                    end_at=time.time() + self.config.default_timeout_s,
-                )  # fmt: skip
-            return Sandbox(session, record)
-
-    # -- timeouts ------------------------------------------------------------------------
-
-    async def expire(self, now: float | None = None) -> list[str]:
-        """Kill (or pause, with auto-pause) running sandboxes past their end time."""
-        now = time.time() if now is None else now
-        done = []
-        for sandbox in await asyncio.to_thread(self.all):
-            if sandbox.paused or sandbox.record.end_at > now:
-                continue
-            try:
-                if sandbox.record.auto_pause:
-                    await self.pause(sandbox.id)
-                else:
-                    await self.kill(sandbox.id)
-            except ForkpointError:
-                continue  # gone meanwhile, or failing: the next round retries
-            done.append(sandbox.id)
-        return done
+        """forkpoint's extension: reset the sandbox in place (same id, same host); a
+        paused one runs again, with the default timeout."""
+        sandbox = await asyncio.to_thread(self.get, sandbox_id)
+        ticket, _ = await self.runtime.admission.rollback(sandbox_id)
+        with ticket:
+            await self.runtime.rollback(sandbox_id, snapshot_id)
+        if sandbox.paused:
+            await self.runtime.set_timeout(sandbox_id, self.config.default_timeout_s)
+        return await asyncio.to_thread(self.get, sandbox_id)
 
 
 def _only(results: list[Session | ForkpointError]) -> Session:

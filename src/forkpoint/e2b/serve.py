@@ -1,10 +1,9 @@
 """Running the gateway: the HTTP app on P, the sandbox-port proxy on Q (127.0.0.1 and ::1,
-as ``*.localhost`` resolves to both), and the timeout reaper, in one event loop."""
+as ``*.localhost`` resolves to both), and the runtime's reaper, in one event loop."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +13,11 @@ import uvicorn
 from forkpoint.config import ApiLimits
 from forkpoint.errors import InvalidInput
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.reaper import upkeep_forever
+from forkpoint.runtime.reaper import reaping
 from forkpoint.threads import use_fan_out_pool
 
 from .app import create_e2b_app
 from .proxy import SandboxProxy
-from .reaper import reap_forever
 from .sandboxes import GatewayConfig, Sandboxes
 
 __all__ = ["TokenFile", "run_gateway"]
@@ -67,8 +65,6 @@ async def run_gateway(
     )
     proxy = SandboxProxy(sandboxes, api_socket.getsockname()[1])
     listeners = [await asyncio.start_server(proxy.handle, sock=s) for s in proxy_sockets]
-    reaper = asyncio.create_task(reap_forever(sandboxes, reap_interval_s))
-    session_reaper = asyncio.create_task(upkeep_forever(runtime, reap_interval_s))
 
     async def stop_when_asked() -> None:
         if stop is not None:
@@ -77,14 +73,9 @@ async def run_gateway(
 
     stopper = asyncio.create_task(stop_when_asked())
     try:
-        await server.serve(sockets=[api_socket])
+        async with reaping(runtime, reap_interval_s):
+            await server.serve(sockets=[api_socket])
     finally:
         stopper.cancel()
-        reaper.cancel()
-        session_reaper.cancel()
         for listener in listeners:
             listener.close()
-        with contextlib.suppress(BaseException):
-            await reaper
-        with contextlib.suppress(BaseException):
-            await session_reaper

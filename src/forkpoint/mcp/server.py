@@ -45,6 +45,7 @@ from forkpoint.requests import (
     parse,
 )
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.reaper import reaping
 
 __all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
 
@@ -163,8 +164,9 @@ def _derived(op: Op, runtime: Runtime) -> Callable[..., Awaitable[Any]]:
 def build_server(runtime: Runtime) -> MCPServer:
     """An MCP server whose tools act on ``runtime``."""
     server: MCPServer = MCPServer(
-        "forkpoint", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING"
-    )
+        "forkpoint", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING",
+        lifespan=lambda _: reaping(runtime),  # lifetimes end while a client is connected
+    )  # fmt: skip
 
     @_with_request(
         ForegroundExecRequest, _SESSION, _param("background", Flag, False), without={"background"}

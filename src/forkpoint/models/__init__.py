@@ -103,6 +103,7 @@ __all__ = [
     "BackgroundProcess",
     "Checkpoint",
     "CheckpointKind",
+    "Expiry",
     "CheckpointTransfer",
     "FileCheck",
     "CommandResult",
@@ -183,10 +184,25 @@ class Network(StrEnum):
 
 
 class CheckpointKind(StrEnum):
-    """``user``: made on request; ``template``: an image booted to "agent ready"."""
+    """Why a checkpoint exists. ``user``: made on request (a user's, listed); the others
+    are forkpoint's own, hidden from checkpoint lists: ``template``: an image booted to
+    "agent ready"; ``history``: taken automatically before a step (``history``/``undo``
+    list them); ``pause``: a paused session's state (``resume`` restores it); ``fork``:
+    the moment a running session was forked."""
 
     USER = "user"
     TEMPLATE = "template"
+    HISTORY = "history"
+    PAUSE = "pause"
+    FORK = "fork"
+
+
+class Expiry(StrEnum):
+    """What happens to a session when its lifetime ends: ``remove`` it (E2B's kill), or
+    ``pause`` it (checkpoint and stop; ``resume`` brings it back)."""
+
+    REMOVE = "remove"
+    PAUSE = "pause"
 
 
 # -- values ----------------------------------------------------------------------------
@@ -223,8 +239,9 @@ class Limits:
 class Session:
     """One session (one microVM). ``id`` is stable across rollbacks; ``created_at`` is
     ISO-8601 UTC (``2026-05-01T12:00:00.123Z``); ``parent_checkpoint`` is the checkpoint
-    it was last restored from. ``expires_at`` (ISO-8601 UTC, None: never): when it is
-    removed (``create --timeout``). ``disk_bytes``: host disk its own files use now (its
+    it was last restored from. ``expires_at`` (ISO-8601 UTC, None: never): when its
+    lifetime ends (``create --timeout``), and ``on_expiry`` what happens then (a paused
+    session never expires). ``disk_bytes``: host disk its own files use now (its
     top disk layer, logs; not the layers and checkpoints it shares). ``disk_mib``: its
     virtual disk's size when chosen at create (None: the image's)."""
 
@@ -246,6 +263,7 @@ class Session:
     expires_at: str | None = None
     disk_bytes: int = 0
     disk_mib: int | None = None
+    on_expiry: Expiry = Expiry.REMOVE
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""

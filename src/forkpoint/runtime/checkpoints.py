@@ -119,7 +119,7 @@ class Checkpointer:
             return  # QEMU failed before switching layers
         with self.store.transaction():
             self.store.insert_layer(new_top, backing=frozen)
-            if origin.kind == CheckpointKind.USER:
+            if origin.kind != CheckpointKind.TEMPLATE:  # a session of the store's
                 self.store.update_session(origin.session_id, disk_layer=new_top)
         faults.point("checkpoint.new-top-recorded")
 

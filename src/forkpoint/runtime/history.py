@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput
-from forkpoint.models import HistoryStep, Session
+from forkpoint.models import CheckpointKind, HistoryStep, Session
 from forkpoint.store.history import HistoryStore, StepRecord
 
 if TYPE_CHECKING:
@@ -41,25 +41,29 @@ async def record_step(runtime: Runtime, session: str, label: str) -> None:
     keep = await asyncio.to_thread(store.keep, record.id)
     if keep is None:
         return
-    checkpoint = await runtime.checkpoint(record.id)
+    checkpoint = await runtime.checkpoint(record.id, kind=CheckpointKind.HISTORY)
     await asyncio.to_thread(
         store.add, StepRecord(checkpoint.id, record.id, label_of(label), automatic=True)
     )
-    await asyncio.to_thread(_retain, runtime, record.id, keep)
+    await _retain(runtime, record.id, keep)
 
 
-def _retain(runtime: Runtime, session_id: str, keep: int) -> None:
+async def _retain(runtime: Runtime, session_id: str, keep: int) -> None:
     """Delete automatic checkpoints beyond the last ``keep``, and undone ones, where
     nothing depends on them."""
+    for checkpoint_id in await asyncio.to_thread(_beyond_retention, runtime, session_id, keep):
+        try:
+            await runtime.remove_checkpoint(checkpoint_id)
+        except ForkpointError:
+            continue  # a session (a fork, or this one) still runs from it: kept
+
+
+def _beyond_retention(runtime: Runtime, session_id: str, keep: int) -> list[str]:
     steps = HistoryStore(runtime.store).steps(session_id)
     ordered = [c for c in runtime.store.list_checkpoints(session_id=session_id) if c.id in steps]
     live = [c for c in ordered if steps[c.id].automatic and not steps[c.id].undone]
     doomed = [c for c in ordered if steps[c.id].undone] + live[: max(0, len(live) - keep)]
-    for checkpoint in doomed:
-        try:
-            runtime._remove_checkpoint_now(checkpoint.id)
-        except ForkpointError:
-            continue  # a session (a fork, or this one) still runs from it: kept
+    return [c.id for c in doomed]
 
 
 def history_of(runtime: Runtime, session: str) -> list[HistoryStep]:
@@ -111,5 +115,5 @@ async def undo(runtime: Runtime, session: str, steps: int = 1) -> Session:
     store = HistoryStore(runtime.store)
     await asyncio.to_thread(store.mark_undone, [s.checkpoint for s in automatic[-steps:]])
     keep = await asyncio.to_thread(store.keep, result.id)
-    await asyncio.to_thread(_retain, runtime, result.id, keep or DEFAULT_KEEP)
+    await _retain(runtime, result.id, keep or DEFAULT_KEEP)
     return result

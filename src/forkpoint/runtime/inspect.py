@@ -10,9 +10,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from forkpoint.errors import Conflict, NotFound
-from forkpoint.models import Network, StateDiff
+from forkpoint.models import StateDiff
 from forkpoint.protocol import ScanResult
-from forkpoint.vm.egress import EgressPolicy
 
 from .diffs import ScanCache, compare, exclusions, parse_scan, patch_candidates, unified_patch
 from .lineage import rollback_target
@@ -83,7 +82,7 @@ class _Side:
             return self.ref.id
         async with self._forking:
             if self._fork is None:
-                self._fork = await _scratch_fork(self.runtime, self.ref.id)
+                self._fork = (await self.runtime.scratch_fork(self.ref.id)).id
             return self._fork
 
     async def scan(self) -> ScanResult:
@@ -93,7 +92,7 @@ class _Side:
             if cached is not None:
                 return cached
         else:
-            await asyncio.to_thread(self.runtime._require_running, self.ref.id, locked=False)
+            await asyncio.to_thread(self.runtime.require_running, self.ref.id, locked=False)
         async with self.runtime.agent(await self.session()) as agent:
             result = await agent.scan(_ROOTS, list(self.exclude))
         if self.ref.checkpoint:
@@ -116,23 +115,6 @@ class _Side:
                     await self.runtime.remove(fork)
             finally:
                 self.runtime.scratch_sessions.discard(fork)
-
-
-async def _scratch_fork(runtime: Runtime, checkpoint_id: str) -> str:
-    """A session restored from the checkpoint to look at: no network, no ports."""
-    record = await asyncio.to_thread(runtime.store.get_checkpoint, checkpoint_id)
-    target = await runtime._fork_target(record, None)
-    session = await runtime._start_session(
-        record,
-        target.image,
-        target.shape,
-        name=None,
-        guest_ports=(),
-        network=Network.NONE,
-        egress=EgressPolicy.of((), ()).to_json(),
-    )
-    runtime.scratch_sessions.add(session.id)
-    return session.id
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,7 @@ def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
         cpus=record.cpus,
         network=record.network,
         expires_at=record.expires_at,
+        on_expiry=record.on_expiry,
         disk_mib=record.disk_mib,
         disk_bytes=disk_bytes,
         limits=limits_of(record.qemu_pid) if record.state == SessionState.RUNNING else None,

@@ -7,6 +7,8 @@ so the CLI's quick path (``forkpoint ls --json``) uses it alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError, NotFound
 from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
@@ -17,7 +19,10 @@ from forkpoint.vm.process import is_running
 from .models import checkpoint_of, session_of
 from .usage import checkpoint_disk_bytes, session_disk_bytes
 
-__all__ = ["Queries"]
+__all__ = ["LISTED_KINDS", "Queries"]
+
+#: The checkpoints a list shows: the user's own, and the steps of a history.
+LISTED_KINDS = (CheckpointKind.USER, CheckpointKind.HISTORY)
 
 
 class Queries:
@@ -82,7 +87,7 @@ class Queries:
             return record  # the next query tries again
         return self.store.get_session(record.id)
 
-    def _require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
+    def require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
         """The running session's record. ``locked``: the caller holds its lock.
         :raises Conflict: it is not running."""
         record = self._refresh(self.store.get_session(session), locked=locked)
@@ -119,9 +124,13 @@ class Queries:
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         return self.checkpoint_of(self.store.get_checkpoint(checkpoint))
 
-    def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
+    def list_checkpoints(
+        self, session: str | None = None, *, kinds: Sequence[CheckpointKind] = LISTED_KINDS
+    ) -> list[Checkpoint]:
+        """Checkpoints, oldest first (of one session): by default the user's and the
+        history steps, not forkpoint's own (templates, pauses, forks)."""
         session_id = self.store.get_session(session).id if session else None
-        records = self.store.list_checkpoints(session_id=session_id, kind=CheckpointKind.USER)
+        records = self.store.list_checkpoints(session_id=session_id, kind=kinds)
         return [self.checkpoint_of(r) for r in records]
 
     def session_of(self, record: SessionRecord) -> Session:

@@ -1,25 +1,40 @@
-"""The server's reaper: session timeouts and log caps hold while nobody runs the CLI."""
+"""The reaper of every long-lived door (``forkpoint serve``, the E2B gateway, MCP):
+lifetimes end and log caps hold while nobody runs the CLI. One per runtime."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from .queries import Queries
-from .upkeep import upkeep
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
-__all__ = ["upkeep_forever"]
+__all__ = ["reap_forever", "reaping"]
 
 _log = logging.getLogger("forkpoint.reaper")
 
 
-async def upkeep_forever(queries: Queries, interval_s: float = 1.0) -> None:
-    """:func:`~.upkeep.upkeep` every ``interval_s`` seconds until cancelled (``forkpoint
-    serve``, the E2B gateway)."""
+async def reap_forever(runtime: Runtime, interval_s: float = 1.0) -> None:
+    """:meth:`Runtime.expire` every ``interval_s`` seconds until cancelled."""
     while True:
         try:
-            for session_id in await asyncio.to_thread(upkeep, queries):
-                _log.info("session %s reached its timeout and was removed", session_id)
+            for session_id in await runtime.expire():
+                _log.info("session %s reached its timeout", session_id)
         except Exception:  # keep reaping: one bad round must not stop the timeouts
             _log.exception("the session reaper failed")
         await asyncio.sleep(interval_s)
+
+
+@contextlib.asynccontextmanager
+async def reaping(runtime: Runtime, interval_s: float = 1.0) -> AsyncIterator[None]:
+    """Run :func:`reap_forever` while inside (a door's lifespan)."""
+    task = asyncio.create_task(reap_forever(runtime, interval_s))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

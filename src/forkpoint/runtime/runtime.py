@@ -44,6 +44,7 @@ from forkpoint.models import (
     Checkpoint,
     CheckpointKind,
     CommandResult,
+    Expiry,
     FileEntry,
     FileStat,
     HistoryStep,
@@ -247,12 +248,13 @@ class Runtime(Queries):
         disk_mib: int | None = None,
         history: bool = False,
         history_keep: int = 20,
+        on_expiry: Expiry | str = Expiry.REMOVE,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
         ``allow_net``/``deny_net``: CIDRs adjusting the default egress policy (see
-        :mod:`forkpoint.vm.egress`). ``timeout_s``: it is removed that long from now (see
-        :meth:`set_timeout`). ``disk_mib``: its virtual disk's size, at least the image's
-        (see ``disksize``).
+        :mod:`forkpoint.vm.egress`). ``timeout_s``: its lifetime, from now, and
+        ``on_expiry`` what happens at its end (see :meth:`set_timeout`). ``disk_mib``: its
+        virtual disk's size, at least the image's (see ``disksize``).
 
         ``history``: checkpoint it before every exec and file write made through forkpoint
         (``history``, ``undo``), keeping the last ``history_keep`` automatic checkpoints.
@@ -266,7 +268,7 @@ class Runtime(Queries):
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
             ports=tuple(ports), network=network, allow_net=tuple(allow_net),
             deny_net=tuple(deny_net), timeout_s=timeout_s, disk_mib=disk_mib, history=history,
-            history_keep=history_keep,
+            history_keep=history_keep, on_expiry=on_expiry,
         )  # fmt: skip
         egress = EgressPolicy.of(request.allow_net, request.deny_net).to_json()
         await asyncio.to_thread(self._require_room, 1)
@@ -286,8 +288,8 @@ class Runtime(Queries):
         session = await self._start_session(
             template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network, egress=egress,
-            expires_at=expires_after(request.timeout_s), disk_mib=request.disk_mib,
-            warm=warm,
+            expires_at=expires_after(request.timeout_s), on_expiry=request.on_expiry,
+            disk_mib=request.disk_mib, warm=warm,
         )  # fmt: skip
         if warm_size and self.refill_in_background:
             self._in_background(self.warm.fill(target, warm_size))
@@ -384,6 +386,7 @@ class Runtime(Queries):
         egress: dict[str, list[str]],
         loaded: Callable[[], Awaitable[None]] | None = None,
         expires_at: str | None = None,
+        on_expiry: Expiry = Expiry.REMOVE,
         disk_mib: int | None = None,
         warm: WarmRecord | None = None,
     ) -> Session:
@@ -397,7 +400,7 @@ class Runtime(Queries):
             image=image.name, image_hash=image.hash, disk_layer=checkpoint.disk_layer,
             memory_mib=shape.memory_mib, cpus=shape.cpus, network=network, name=name,
             parent_checkpoint=checkpoint.id, egress=egress, expires_at=expires_at,
-            disk_mib=disk_mib,
+            on_expiry=on_expiry, disk_mib=disk_mib,
         )  # fmt: skip
         if warm is not None:
             fresh = dataclasses.replace(fresh, id=warm.id, uid=warm.uid)
@@ -470,22 +473,98 @@ class Runtime(Queries):
 
     # -- lifetime ----------------------------------------------------------------------
 
-    async def set_timeout(self, session: str, timeout_s: float | None) -> Session:
-        """Remove the session ``timeout_s`` seconds from now (None: never). Every CLI call
-        and ``forkpoint serve``'s reaper remove sessions past it (see ``upkeep``).
+    async def set_timeout(
+        self, session: str, timeout_s: float | None, on_expiry: Expiry | str | None = None
+    ) -> Session:
+        """End the session's lifetime ``timeout_s`` seconds from now (None: never), and
+        then remove or pause it (``on_expiry``; None: as it was). Every CLI call and the
+        reaper of every long-lived door act on it (see :meth:`expire`).
 
         :raises NotFound: :raises InvalidInput: a lifetime out of range.
         """
         from forkpoint.requests import TimeoutRequest, parse
 
-        request = parse(TimeoutRequest, timeout_s=timeout_s)
+        request = parse(TimeoutRequest, timeout_s=timeout_s, on_expiry=on_expiry)
         record = await asyncio.to_thread(self.store.get_session, session)
         async with session_lock_async(self.home, record.id):
             record = await asyncio.to_thread(
                 self.store.update_session, record.id,
                 expires_at=expires_after(request.timeout_s),
+                on_expiry=KEEP if request.on_expiry is None else request.on_expiry,
             )  # fmt: skip
         return await asyncio.to_thread(self.session_of, record)
+
+    async def expire(self) -> list[str]:
+        """End the lifetimes that are over: remove those sessions, or pause them; returns
+        their ids. Every CLI call and the reaper of every long-lived door run it."""
+        from .upkeep import due_to_pause
+
+        ended = await asyncio.to_thread(self.upkeep)
+        for session_id in await asyncio.to_thread(due_to_pause, self):
+            try:
+                await self.pause(session_id)
+            except ForkpointError as error:  # the next round tries again
+                _log.warning("forkpoint: pausing %s at its timeout: %s", session_id, error.message)
+                continue
+            ended.append(session_id)
+        if ended:
+            await asyncio.to_thread(self.collect_hidden_checkpoints)
+        return ended
+
+    # -- pause -------------------------------------------------------------------------
+
+    async def pause(self, session: str) -> Session:
+        """Checkpoint a running session (a hidden ``pause`` checkpoint) and stop its VM;
+        :meth:`resume` brings it back as it was — same id, host ports, processes at the
+        same PIDs. A paused session does not expire.
+
+        :raises Conflict: it is not running.
+        """
+        record = await asyncio.to_thread(self.store.get_session, session)
+        async with session_lock_async(self.home, record.id):
+            await self._checkpoint_held(record.id, None, CheckpointKind.PAUSE)
+            await asyncio.to_thread(self._stop_held, record.id, expires_at=None)
+            record = await asyncio.to_thread(self.store.get_session, record.id)
+        return await asyncio.to_thread(self.session_of, record)
+
+    async def resume(self, session: str) -> Session:
+        """Bring a paused session back from its pause checkpoint (a rollback to it); a
+        crashed one from its latest checkpoint, as :meth:`rollback` would.
+
+        :raises Conflict: it is neither paused nor crashed.
+        """
+        record = await asyncio.to_thread(self.store.get_session, session)
+        paused_at = await asyncio.to_thread(self.paused_at, record.id)
+        if paused_at is None and record.state != SessionState.CRASHED:
+            raise Conflict(f"session {record.id} is {record.state}, not paused")
+        return await self.rollback(record.id, paused_at)
+
+    def paused_at(self, session: str) -> str | None:
+        """The checkpoint a stopped session was paused at (None: it is not paused)."""
+        record = self.store.get_session(session)
+        if record.state != SessionState.STOPPED:
+            return None
+        own = self.store.list_checkpoints(session_id=record.id)
+        if not own or own[-1].kind != CheckpointKind.PAUSE:
+            return None  # stopped by hand, not paused
+        return own[-1].id
+
+    def collect_hidden_checkpoints(self) -> list[str]:
+        """Delete the pause and fork checkpoints of sessions that are gone, once nothing
+        depends on them (blocking); returns their ids."""
+        live = {r.id for r in self.store.list_sessions()}
+        gone = []
+        for checkpoint in self.store.list_checkpoints(
+            kind=(CheckpointKind.PAUSE, CheckpointKind.FORK)
+        ):
+            if checkpoint.session_id in live:
+                continue
+            try:
+                self._remove_checkpoint_now(checkpoint.id)
+            except ForkpointError:
+                continue  # a fork still maps it
+            gone.append(checkpoint.id)
+        return gone
 
     # -- console -----------------------------------------------------------------------
 
@@ -515,6 +594,7 @@ class Runtime(Queries):
         record = await asyncio.to_thread(self.store.get_session, session)
         async with session_lock_async(self.home, record.id):
             await self._destroy(await asyncio.to_thread(self.store.get_session, record.id))
+        await asyncio.to_thread(self.collect_hidden_checkpoints)
 
     async def _destroy(self, record: SessionRecord) -> None:
         await asyncio.to_thread(self._destroy_now, record)
@@ -524,15 +604,27 @@ class Runtime(Queries):
         destroy_session(self.home, self.store, self.files(record.id), record)
 
     async def stop(self, session: str) -> Session:
-        """Kill the session's VM, keeping the session (``stopped``) to roll back later."""
-        from .stop import stop_session
+        """Kill the session's VM, keeping the session (``stopped``) to roll back later
+        (idempotent). :raises NotFound:"""
+        record = await asyncio.to_thread(self.store.get_session, session)
+        async with session_lock_async(self.home, record.id):
+            await asyncio.to_thread(self._stop_held, record.id)
+            record = await asyncio.to_thread(self.store.get_session, record.id)
+        return await asyncio.to_thread(self.session_of, record)
 
-        return await stop_session(self, session)
+    def _stop_held(self, session_id: str, *, expires_at: str | None | Keep = KEEP) -> None:
+        from .stop import stop_vm
+
+        self.standbys.drop(session_id)  # a stopped VM holds nothing
+        stop_vm(self.store, self.files(session_id), session_id, expires_at=expires_at)
 
     # -- checkpoint --------------------------------------------------------------------
 
-    async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:
+    async def checkpoint(
+        self, session: str, name: str | None = None, *, kind: CheckpointKind = CheckpointKind.USER
+    ) -> Checkpoint:
         """Checkpoint a running session (memory, devices, disk). The VM pauses briefly.
+        ``kind``: why (``user``, or one of forkpoint's own purposes, hidden from lists).
 
         :raises Conflict: the session is not running; :raises QemuError: QEMU failed (the
             session keeps running and no checkpoint is recorded).
@@ -542,29 +634,33 @@ class Runtime(Queries):
         if name is not None and await asyncio.to_thread(self._checkpoint_named, name):
             raise Conflict(f"checkpoint name {name!r} is already taken")
         async with session_lock_async(self.home, record.id):
-            record = await asyncio.to_thread(self._require_running, record.id)
-            await asyncio.to_thread(
-                require_space, self.home, checkpoint_bytes(record.memory_mib), "a checkpoint"
-            )
-            image, shape = await asyncio.to_thread(
-                self._machine, record.image_hash, record.memory_mib, record.cpus
-            )
-            machine = await Machine.adopt(self.files(record.id), record.qemu_pid or 0)
-            try:
-                await machine.resume_if_paused()
-                layer = await self._sync_disk_layer(machine, record)
-                origin = CheckpointOrigin(
-                    session_id=record.id, name=name, kind=CheckpointKind.USER, image=image,
-                    shape=shape, parent=record.parent_checkpoint,
-                    guest_ports=tuple(p.guest_port for p in record.ports),
-                )  # fmt: skip
-                created = await self._checkpoints.write(
-                    machine, self._ram_base(record), layer, origin
-                )
-            finally:
-                await machine.close()
+            created = await self._checkpoint_held(record.id, name, kind)
         self._standby_in_background(record.id)
         return await asyncio.to_thread(self.checkpoint_of, created)
+
+    async def _checkpoint_held(
+        self, session_id: str, name: str | None, kind: CheckpointKind
+    ) -> CheckpointRecord:
+        """:meth:`checkpoint`'s work, under the session's lock."""
+        record = await asyncio.to_thread(self.require_running, session_id)
+        await asyncio.to_thread(
+            require_space, self.home, checkpoint_bytes(record.memory_mib), "a checkpoint"
+        )
+        image, shape = await asyncio.to_thread(
+            self._machine, record.image_hash, record.memory_mib, record.cpus
+        )
+        machine = await Machine.adopt(self.files(record.id), record.qemu_pid or 0)
+        try:
+            await machine.resume_if_paused()
+            layer = await self._sync_disk_layer(machine, record)
+            origin = CheckpointOrigin(
+                session_id=record.id, name=name, kind=kind, image=image,
+                shape=shape, parent=record.parent_checkpoint,
+                guest_ports=tuple(p.guest_port for p in record.ports),
+            )  # fmt: skip
+            return await self._checkpoints.write(machine, self._ram_base(record), layer, origin)
+        finally:
+            await machine.close()
 
     async def _sync_disk_layer(self, machine: Machine, record: SessionRecord) -> str:
         """The layer the VM really writes to. A forkpoint process killed between QEMU's
@@ -766,6 +862,18 @@ class Runtime(Queries):
         await asyncio.to_thread(self._manifest, record.id, shape)
         network = source.network if source else Network.USER
         return WarmTarget(record, image, shape, network, manifest.ports)
+
+    async def scratch_fork(self, checkpoint: str) -> Session:
+        """A session restored from ``checkpoint`` only to look at (a diff): no network,
+        no ports, in :attr:`scratch_sessions` until the caller removes it."""
+        record = await asyncio.to_thread(self.store.get_checkpoint, checkpoint)
+        target = await self._fork_target(record, None)
+        session = await self._start_session(
+            record, target.image, target.shape, name=None, guest_ports=(),
+            network=Network.NONE, egress=EgressPolicy.of((), ()).to_json(),
+        )  # fmt: skip
+        self.scratch_sessions.add(session.id)
+        return session
 
     def _fork_source(self, checkpoint: str) -> tuple[CheckpointRecord, SessionRecord | None]:
         """The checkpoint, and the session it was taken of if that still exists."""
@@ -972,7 +1080,7 @@ class Runtime(Queries):
         if existing:
             return Port(guest_port=existing.guest_port, host_port=existing.host_port)
         async with session_lock_async(self.home, record.id):
-            record = await asyncio.to_thread(self._require_running, record.id)
+            record = await asyncio.to_thread(self.require_running, record.id)
             if record.network != Network.USER:
                 raise Conflict(f"session {record.id} has no network (--network none)")
             host_port = await self._ports.allocate(record.id, guest_port)
@@ -986,7 +1094,7 @@ class Runtime(Queries):
         """The agent client of a running session. Concurrent users in this process share
         one connection (requests run side by side); another process waits until this
         one's users are done."""
-        record = await asyncio.to_thread(self._require_running, session, locked=False)
+        record = await asyncio.to_thread(self.require_running, session, locked=False)
         try:
             async with self._agents.use(
                 record.id, record.generation, lambda: self._connect_agent(record)

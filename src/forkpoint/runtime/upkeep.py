@@ -1,10 +1,13 @@
-"""What every CLI call and the server's reaper (:mod:`.reaper`) do first: end sessions
-past their timeout, keep each running session's QEMU log under its cap and discard the
-rollback standbys a killed forkpoint left half-started.
+"""What every CLI call and the reaper of every long-lived door (:mod:`.reaper`) do first:
+end sessions past their timeout, keep each running session's QEMU log under its cap and
+discard the rollback standbys a killed forkpoint left half-started.
 
-An expired session is *removed* (E2B's "killed"): its VM, files and port forwards go, its
-checkpoints stay (they outlive sessions anyway). Cheap when nothing is due — two store
-reads and a ``stat`` per running session — so ``forkpoint ls`` can afford it.
+A session's lifetime ends as its ``on_expiry`` says. ``remove`` (E2B's "kill"): its VM,
+files and port forwards go, its checkpoints stay (they outlive sessions anyway) — done
+here, without QEMU. ``pause``: checkpointed and stopped, which needs the VM engine — the
+sessions due are :func:`due_to_pause`'s, and ``Runtime.expire`` pauses them. Cheap when
+nothing is due — two store reads and a ``stat`` per running session — so ``forkpoint ls``
+can afford it.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from forkpoint.errors import ForkpointError
-from forkpoint.models import SessionState
+from forkpoint.models import Expiry, SessionState
 from forkpoint.store import session_lock, utc_now
 from forkpoint.vm.logcap import trim_log
 
 if TYPE_CHECKING:
     from .queries import Queries
 
-__all__ = ["expires_after", "upkeep"]
+__all__ = ["due_to_pause", "expires_after", "upkeep"]
 
 
 def expires_after(timeout_s: float | None) -> str | None:
@@ -41,13 +44,29 @@ def upkeep(queries: Queries) -> list[str]:
     now = utc_now()  # ISO-8601 UTC with a fixed width: compares as text
     expired = []
     for record in queries.store.list_sessions():
-        if record.expires_at is not None and record.expires_at <= now:
+        if _due(record.expires_at, now) and record.on_expiry == Expiry.REMOVE:
             expired.append(record.id)
         elif record.state == SessionState.RUNNING:
             trim_log(queries.files(record.id).qemu_log)
     removed = [session_id for session_id in expired if _remove_expired(queries, session_id, now)]
     _discard_dead_standbys(queries)
     return removed
+
+
+def due_to_pause(queries: Queries) -> list[str]:
+    """Running sessions whose lifetime is over and which are to be paused then."""
+    now = utc_now()
+    return [
+        r.id
+        for r in queries.store.list_sessions()
+        if _due(r.expires_at, now)
+        and r.on_expiry == Expiry.PAUSE
+        and r.state == SessionState.RUNNING
+    ]
+
+
+def _due(expires_at: str | None, now: str) -> bool:
+    return expires_at is not None and expires_at <= now
 
 
 def _discard_dead_standbys(queries: Queries) -> None:

@@ -179,13 +179,15 @@ class AsyncSandbox:
         disk_mib: int | None = None,
         history: bool = False,
         history_keep: int = 20,
+        on_expiry: str = "remove",
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
         forward to 127.0.0.1; ``allow_net``/``deny_net``: CIDRs adjusting the default
-        egress policy; ``timeout``: seconds until it is removed; ``disk_mib``: its virtual
+        egress policy; ``timeout``: seconds until it is removed, or paused with
+        ``on_expiry="pause"``; ``disk_mib``: its virtual
         disk, at least the image's; ``history``: a checkpoint before every command and
         file write, see :meth:`history` and :meth:`undo`, the last ``history_keep`` kept).
         :raises NotFound: no such image. :raises InvalidInput:
@@ -195,7 +197,7 @@ class AsyncSandbox:
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
                 network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
                 timeout_s=timeout, disk_mib=disk_mib, history=history,
-                history_keep=history_keep,
+                history_keep=history_keep, on_expiry=on_expiry,
             )  # fmt: skip
             return cls(client, info)
 
@@ -265,9 +267,19 @@ class AsyncSandbox:
         ck = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
         self._info = await self._client.rollback(self.id, ck)
 
-    async def set_timeout(self, seconds: float | None) -> None:
-        """Remove this session ``seconds`` from now (None: never)."""
-        self._info = await self._client.set_timeout(self.id, seconds)
+    async def set_timeout(self, seconds: float | None, on_expiry: str | None = None) -> None:
+        """End this session's lifetime ``seconds`` from now (None: never): then it is
+        removed, or paused (``on_expiry``: ``"remove"``/``"pause"``; None: as before)."""
+        self._info = await self._client.set_timeout(self.id, seconds, on_expiry)
+
+    async def pause(self) -> None:
+        """Checkpoint this session and stop its VM; :meth:`resume` brings it back as it
+        was (same id and ports, processes at the same PIDs). :raises Conflict: not running."""
+        self._info = await self._client.pause(self.id)
+
+    async def resume(self) -> None:
+        """Bring this paused session back. :raises Conflict: it is not paused."""
+        self._info = await self._client.resume(self.id)
 
     async def rollback_preview(
         self, checkpoint: AsyncCheckpoint | str | None = None, *, patch: bool = False

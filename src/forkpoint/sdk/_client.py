@@ -216,9 +216,20 @@ class ApiClient:
     async def remove(self, session: str) -> None:
         await self.call("remove_session", session)
 
-    async def set_timeout(self, session: str, timeout_s: float | None) -> Session:
-        updated: Session = await self.call("set_timeout", session, body={"timeout_s": timeout_s})
+    async def set_timeout(
+        self, session: str, timeout_s: float | None, on_expiry: str | None = None
+    ) -> Session:
+        body = {"timeout_s": timeout_s, "on_expiry": on_expiry}
+        updated: Session = await self.call("set_timeout", session, body=body)
         return updated
+
+    async def pause(self, session: str) -> Session:
+        paused: Session = await self.call("pause", session)
+        return paused
+
+    async def resume(self, session: str) -> Session:
+        resumed: Session = await self.call("resume", session)
+        return resumed
 
     async def rollback(self, session: str, checkpoint: str | None) -> Session:
         rolled: Session = await self.call("rollback", session, body={"checkpoint": checkpoint})

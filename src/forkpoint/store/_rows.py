@@ -10,6 +10,7 @@ from forkpoint.errors import Conflict, InvalidInput, NotFound
 from forkpoint.store.models import (
     CheckpointKind,
     CheckpointRecord,
+    Expiry,
     Network,
     PortForward,
     SessionRecord,
@@ -43,7 +44,8 @@ __all__ = [
 
 SESSION_COLUMNS = (
     "id, name, image, image_hash, state, created_at, parent_checkpoint, memory_mib, cpus, "
-    "network, disk_layer, generation, qemu_pid, aux_pids, uid, disk_mib, expires_at, egress"
+    "network, disk_layer, generation, qemu_pid, aux_pids, uid, disk_mib, expires_at, egress, "
+    "on_expiry"
 )
 CHECKPOINT_COLUMNS = (
     "id, session_id, name, kind, created_at, disk_layer, parent_checkpoint, image, "
@@ -86,7 +88,9 @@ def egress_json(value: object) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def enum_value(enum: type[SessionState] | type[Network], value: object, what: str) -> str:
+def enum_value(
+    enum: type[SessionState] | type[Network] | type[Expiry], value: object, what: str
+) -> str:
     try:
         if not isinstance(value, str):
             raise ValueError(value)
@@ -121,6 +125,7 @@ SESSION_UPDATERS: dict[str, Callable[[object], object]] = {
     "disk_mib": lambda v: None if v is None else check_int(v, "disk_mib", minimum=1),
     "expires_at": lambda v: opt_str(v, "expires_at"),
     "egress": lambda v: egress_json(v),
+    "on_expiry": lambda v: enum_value(Expiry, v, "on_expiry"),
 }
 
 
@@ -145,6 +150,7 @@ def session_from_row(row: sqlite3.Row, ports: Iterable[PortForward]) -> SessionR
         disk_mib=row["disk_mib"],
         expires_at=row["expires_at"],
         egress=json.loads(row["egress"]),
+        on_expiry=Expiry(row["on_expiry"]),
     )
 
 
@@ -180,7 +186,8 @@ def kind_value(kind: object) -> str:
             raise ValueError(kind)
         return CheckpointKind(kind).value
     except ValueError:
-        raise InvalidInput(f"checkpoint kind must be user or template, not {kind!r}") from None
+        choices = ", ".join(member.value for member in CheckpointKind)
+        raise InvalidInput(f"checkpoint kind must be one of {choices}, not {kind!r}") from None
 
 
 def check_layer_name(name: object) -> None:

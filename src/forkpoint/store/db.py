@@ -57,6 +57,7 @@ from forkpoint.store._rows import (
 from forkpoint.store.models import (
     CheckpointKind,
     CheckpointRecord,
+    Expiry,
     LayerRecord,
     Network,
     PortForward,
@@ -245,7 +246,7 @@ class Store:
             require_checkpoint(conn, record.parent_checkpoint)
             conn.execute(
                 f"INSERT INTO sessions ({SESSION_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
                     record.name,
@@ -265,6 +266,7 @@ class Store:
                     SESSION_UPDATERS["disk_mib"](record.disk_mib),
                     SESSION_UPDATERS["expires_at"](record.expires_at),
                     egress_json(record.egress),
+                    SESSION_UPDATERS["on_expiry"](record.on_expiry),
                 ),
             )
             for port in record.ports:
@@ -321,6 +323,7 @@ class Store:
         disk_mib: int | None | Keep = KEEP,
         expires_at: str | None | Keep = KEEP,
         egress: dict[str, object] | Keep = KEEP,
+        on_expiry: Expiry | Keep = KEEP,
     ) -> SessionRecord:
         """Change the fields given (the others keep their values); return the new record.
 
@@ -337,7 +340,7 @@ class Store:
             "parent_checkpoint": parent_checkpoint, "memory_mib": memory_mib, "cpus": cpus,
             "network": network, "disk_layer": disk_layer, "generation": generation,
             "qemu_pid": qemu_pid, "aux_pids": aux_pids, "disk_mib": disk_mib,
-            "expires_at": expires_at, "egress": egress,
+            "expires_at": expires_at, "egress": egress, "on_expiry": on_expiry,
         }  # fmt: skip
         fields = {key: value for key, value in given.items() if value is not KEEP}
         values = {key: SESSION_UPDATERS[key](value) for key, value in fields.items()}
@@ -482,17 +485,21 @@ class Store:
             return checkpoint_from_row(row)
 
     def list_checkpoints(
-        self, session_id: str | None = None, kind: CheckpointKind | str | None = None
+        self,
+        session_id: str | None = None,
+        kind: CheckpointKind | str | Sequence[CheckpointKind] | None = None,
     ) -> list[CheckpointRecord]:
-        """Checkpoints, oldest first, optionally of one session and/or one kind."""
+        """Checkpoints, oldest first, optionally of one session and/or of one kind (or of
+        any of several)."""
         where: list[str] = []
         args: list[str] = []
         if session_id is not None:
             where.append("session_id = ?")
             args.append(session_id)
         if kind is not None:
-            where.append("kind = ?")
-            args.append(kind_value(kind))
+            kinds = [kind] if isinstance(kind, str) else list(kind)
+            where.append(f"kind IN ({', '.join('?' * len(kinds))})")
+            args.extend(kind_value(k) for k in kinds)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self._read() as conn:
             rows = conn.execute(

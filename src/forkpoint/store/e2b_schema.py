@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["migrate_e2b"]
+__all__ = ["migrate_e2b", "migrate_e2b_onto_sessions"]
 
 
 def migrate_e2b(conn: sqlite3.Connection) -> None:
@@ -31,3 +31,41 @@ def migrate_e2b(conn: sqlite3.Connection) -> None:
             purpose       TEXT NOT NULL CHECK (purpose IN ('pause', 'fork'))
         )"""
     )
+
+
+def migrate_e2b_onto_sessions(conn: sqlite3.Connection) -> None:
+    """Schema v9: the gateway keeps no lifetime or checkpoints of its own. A running
+    sandbox's end time becomes its session's ``expires_at`` (a paused one never expires),
+    auto-pause its ``on_expiry``, the internal checkpoints' purpose their ``kind``."""
+    conn.execute(
+        """UPDATE sessions SET
+            expires_at = (SELECT CASE WHEN e.paused_at IS NULL
+                                 THEN strftime('%Y-%m-%dT%H:%M:%fZ', e.end_at, 'unixepoch')
+                                 END
+                          FROM e2b_sandboxes e WHERE e.session_id = sessions.id),
+            on_expiry = (SELECT CASE e.auto_pause WHEN 1 THEN 'pause' ELSE 'remove' END
+                         FROM e2b_sandboxes e WHERE e.session_id = sessions.id)
+        WHERE id IN (SELECT session_id FROM e2b_sandboxes)"""
+    )
+    conn.execute(
+        "UPDATE checkpoints SET kind = (SELECT purpose FROM e2b_internal_checkpoints i "
+        "WHERE i.checkpoint_id = checkpoints.id) "
+        "WHERE id IN (SELECT checkpoint_id FROM e2b_internal_checkpoints)"
+    )
+    conn.execute("DROP TABLE e2b_internal_checkpoints")
+    conn.execute(
+        """CREATE TABLE e2b_sandboxes_v9 (
+            session_id   TEXT PRIMARY KEY REFERENCES sessions(id) ON DELETE CASCADE,
+            access_token TEXT NOT NULL,
+            template     TEXT NOT NULL,
+            metadata     TEXT NOT NULL DEFAULT '{}',
+            env_vars     TEXT NOT NULL DEFAULT '{}',
+            started_at   REAL NOT NULL
+        )"""
+    )
+    conn.execute(
+        "INSERT INTO e2b_sandboxes_v9 SELECT session_id, access_token, template, metadata, "
+        "env_vars, started_at FROM e2b_sandboxes"
+    )
+    conn.execute("DROP TABLE e2b_sandboxes")
+    conn.execute("ALTER TABLE e2b_sandboxes_v9 RENAME TO e2b_sandboxes")

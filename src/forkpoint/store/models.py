@@ -18,6 +18,7 @@ from forkpoint.models import (
     NAME_PATTERN,
     RESERVED_CHECKPOINT_NAMES,
     CheckpointKind,
+    Expiry,
     Network,
     SessionState,
 )
@@ -25,6 +26,7 @@ from forkpoint.models import (
 __all__ = [
     "CheckpointKind",
     "CheckpointRecord",
+    "Expiry",
     "LayerRecord",
     "Network",
     "PortForward",
@@ -124,6 +126,7 @@ class SessionRecord:
     disk_mib: int | None = None
     expires_at: str | None = None
     egress: dict[str, Any] = field(default_factory=dict, hash=False)
+    on_expiry: Expiry = Expiry.REMOVE
 
     @classmethod
     def new(
@@ -140,6 +143,7 @@ class SessionRecord:
         state: SessionState = SessionState.CREATING,
         disk_mib: int | None = None,
         expires_at: str | None = None,
+        on_expiry: Expiry = Expiry.REMOVE,
         egress: dict[str, Any] | None = None,
     ) -> SessionRecord:
         """A new record with a fresh id and ``created_at`` = now (not yet stored)."""
@@ -157,6 +161,7 @@ class SessionRecord:
             disk_layer=disk_layer,
             disk_mib=disk_mib,
             expires_at=expires_at,
+            on_expiry=on_expiry,
             egress=egress or {},
         )
 
@@ -186,6 +191,7 @@ class SessionRecord:
             "disk_mib": self.disk_mib,
             "expires_at": self.expires_at,
             "egress": self.egress,
+            "on_expiry": self.on_expiry.value,
         }
 
 

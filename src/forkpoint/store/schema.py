@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from forkpoint.errors import Conflict, InternalError
 
-from .e2b_schema import migrate_e2b
+from .e2b_schema import migrate_e2b, migrate_e2b_onto_sessions
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "schema_version"]
 
@@ -190,6 +190,44 @@ def _v8_standbys(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v9_purpose_and_expiry(conn: sqlite3.Connection) -> None:
+    """One hidden-checkpoint concept and one lifetime concept. A checkpoint's ``kind`` is
+    why it exists: ``user`` or one of forkpoint's own (``template``, ``history`` for the
+    automatic steps, ``pause``, ``fork``) — the table is rebuilt for its wider CHECK. A
+    session's ``on_expiry`` says what its ``expires_at`` does: ``remove`` it or ``pause``
+    it. The E2B gateway's own end times, auto-pause flags and internal checkpoints move
+    onto these (:func:`~.e2b_schema.migrate_e2b_onto_sessions`)."""
+    _run(
+        conn,
+        "ALTER TABLE sessions ADD COLUMN on_expiry TEXT NOT NULL DEFAULT 'remove' "
+        "CHECK (on_expiry IN ('remove', 'pause'))",
+        """CREATE TABLE checkpoints_v9 (
+            id                TEXT PRIMARY KEY,
+            session_id        TEXT NOT NULL,
+            name              TEXT UNIQUE,
+            kind              TEXT NOT NULL
+                              CHECK (kind IN ('user', 'template', 'history', 'pause', 'fork')),
+            created_at        TEXT NOT NULL,
+            disk_layer        TEXT NOT NULL REFERENCES layers(name),
+            parent_checkpoint TEXT REFERENCES checkpoints(id),
+            image             TEXT NOT NULL,
+            image_hash        TEXT NOT NULL,
+            manifest          TEXT NOT NULL DEFAULT '{}',
+            size_bytes        INTEGER NOT NULL DEFAULT 0
+        )""",
+        "INSERT INTO checkpoints_v9 SELECT id, session_id, name, kind, created_at, disk_layer, "
+        "parent_checkpoint, image, image_hash, manifest, size_bytes FROM checkpoints",
+        "DROP TABLE checkpoints",
+        "ALTER TABLE checkpoints_v9 RENAME TO checkpoints",
+        "CREATE INDEX checkpoints_session ON checkpoints(session_id)",
+        "CREATE INDEX checkpoints_parent ON checkpoints(parent_checkpoint)",
+        "CREATE INDEX checkpoints_layer ON checkpoints(disk_layer)",
+        "UPDATE checkpoints SET kind = 'history' WHERE id IN "
+        "(SELECT checkpoint_id FROM history_steps WHERE automatic = 1)",
+    )
+    migrate_e2b_onto_sessions(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -199,6 +237,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v6_warm,
     _v7_warm_loaded,
     _v8_standbys,
+    _v9_purpose_and_expiry,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
