@@ -1,7 +1,7 @@
 """The fault campaign: crash forkpoint at every named crash point of every operation,
 kill or freeze QEMU and passt mid-operation, race two forkpoint processes on one
 session, damage checkpoint files, kill every VM at once (a host restart) — and check the
-home's invariants (``forkpoint.runtime.invariants``) after every fault.
+home's invariants (``forkpoint.runtime.housekeeping.invariants``) after every fault.
 
 ``make faults`` runs it in full (``--rounds`` walks, then random points up to
 ``--crashes``); ``tests/test_faults.py`` runs the reduced campaign in ``make test``.
@@ -31,8 +31,8 @@ from typing import Any
 from forkpoint.config import Home, home
 from forkpoint.faults import CRASH_AT_ENV, CRASH_TRACE_ENV
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.invariants import Ledger, check_home, home_processes
-from forkpoint.runtime.orphans import GRACE_ENV
+from forkpoint.runtime.housekeeping.invariants import Ledger, check_home, home_processes
+from forkpoint.runtime.housekeeping.orphans import GRACE_ENV
 from forkpoint.store import Store
 
 FORKPOINT = str(Path(sys.executable).parent / "forkpoint")

@@ -29,7 +29,7 @@ from typing import Any
 
 from forkpoint.config import home
 from forkpoint.errors import Busy, ForkpointError
-from forkpoint.runtime.invariants import check_home, home_processes
+from forkpoint.runtime.housekeeping.invariants import check_home, home_processes
 from forkpoint.sdk import AsyncCheckpoint, AsyncSandbox
 from forkpoint.store import Store
 

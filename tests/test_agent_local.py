@@ -39,7 +39,7 @@ from forkpoint.protocol import (
     parse_reply,
     request_message,
 )
-from forkpoint.runtime.agents import AgentPool
+from forkpoint.runtime.guest.agents import AgentPool
 from forkpoint.store import global_lock, global_lock_async
 
 pytestmark = pytest.mark.timeout(120)  # generous: CI shares 2 cores with VMs
@@ -686,7 +686,7 @@ def test_agent_pool_shares_one_connection_per_session(tmp_path: Path, guest_root
 
 
 def test_scan_streams_a_tree_larger_than_a_chunk(tmp_path: Path, guest_root: Path) -> None:
-    from forkpoint.runtime.diffs import parse_scan
+    from forkpoint.runtime.inspection.diffs import parse_scan
 
     tree = tmp_path / "tree"
     tree.mkdir()

@@ -20,7 +20,7 @@ from forkpoint.errors import CommandTimeout, InvalidInput, NotFound
 from forkpoint.images import get_image
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.machines import SESSIONLESS
+from forkpoint.runtime.sessions.machines import SESSIONLESS
 from forkpoint.vm import (
     BootFiles,
     Machine,

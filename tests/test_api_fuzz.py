@@ -90,6 +90,11 @@ _CHAINS: list[_Chain] = [
             (1, "RemoveCheckpoint", {}, {}),
         ],
     ),
+    # a pause, then a resume from the paused session's answer
+    (
+        ("POST", "/v1/sessions", {}),
+        [(0, "Pause", {}, _WAIT), (1, "Resume", {}, _WAIT)],
+    ),
     # a background process, then a signal to it
     (
         ("POST", "/v1/sessions", {}),

@@ -205,10 +205,11 @@ _RUNTIME_PURE = {"files", "checkpoint_files", "serve_long_lived"}
 
 @functools.cache
 def _runtime_blocking() -> frozenset[str]:
-    """The Runtime's plain methods: each reads the store or files (queries, listings), so
-    an ``async def`` hands them to a thread. Not: coroutines, and methods giving an async
+    """The Runtime's plain methods — its own and those of the services whose operations it
+    offers under the same names: each reads the store or files (queries, listings), so an
+    ``async def`` hands them to a thread. Not: coroutines, and methods giving an async
     iterator or context manager (their work happens when awaited)."""
-    from forkpoint.runtime import Runtime
+    from forkpoint.runtime import runtime as facade
 
     def is_async(member: object) -> bool:
         returns = str(getattr(member, "__annotations__", {}).get("return", ""))
@@ -219,10 +220,17 @@ def _runtime_blocking() -> frozenset[str]:
             or any(kind in returns for kind in ("AsyncIterator", "AsyncContextManager"))
         )
 
+    services = [
+        cls
+        for _, cls in inspect.getmembers(facade, inspect.isclass)
+        if cls.__module__.startswith("forkpoint.runtime.")
+    ]
+    assert len(services) > 8, services  # the façade and the services it binds
     return frozenset(
         name
-        for name, member in inspect.getmembers(Runtime, inspect.isfunction)
-        if not is_async(member) and not name.startswith("__") and name not in _RUNTIME_PURE
+        for cls in services
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not is_async(member) and not name.startswith("_") and name not in _RUNTIME_PURE
     )
 
 

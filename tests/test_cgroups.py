@@ -16,7 +16,7 @@ import pytest
 
 from forkpoint.config import Home
 from forkpoint.errors import InvalidInput
-from forkpoint.runtime.limits import (
+from forkpoint.runtime.sessions.limits import (
     QEMU_OVERHEAD_MIB,
     limits_for,
     report_not_enforced,
@@ -296,7 +296,7 @@ def test_not_enforced_is_reported_once_per_home(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     home = Home(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="forkpoint.runtime.limits"):
+    with caplog.at_level(logging.WARNING, logger="forkpoint.runtime.sessions.limits"):
         report_not_enforced(home, {"io": "no I/O scheduler with weights (blkio.weight)"})
         report_not_enforced(home, {"io": "no I/O scheduler with weights (blkio.weight)"})
         report_not_enforced(home, {"pids": "Permission denied (pids.max)"})

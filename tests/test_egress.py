@@ -242,7 +242,7 @@ def test_cli_bad_cidr_is_one_line_exit_2_and_creates_nothing(args: tuple[str, ..
 def test_without_root_nothing_is_installed_and_it_is_said_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from forkpoint.runtime import egress
+    from forkpoint.runtime.sessions import egress
     from forkpoint.vm.jail import Jail
 
     def never(*args: object) -> None:

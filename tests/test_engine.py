@@ -30,8 +30,8 @@ from forkpoint.errors import (
 )
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.machines import guest_hostname, new_layer_name
-from forkpoint.runtime.manifest import Manifest
+from forkpoint.runtime.checkpoints.manifest import Manifest
+from forkpoint.runtime.sessions.machines import guest_hostname, new_layer_name
 from forkpoint.server import create_app
 from forkpoint.store import SessionState, session_lock
 from forkpoint.vm import Machine, RunState

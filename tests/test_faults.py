@@ -19,16 +19,16 @@ import pytest
 from forkpoint.config import Home, home
 from forkpoint.errors import DamagedCheckpoint, InternalError
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.integrity import (
+from forkpoint.runtime.checkpoints.integrity import (
     SUM_KEY,
     check_before_restore,
     describe_files,
     page_sum,
 )
-from forkpoint.runtime.invariants import check_home
-from forkpoint.runtime.manifest import CheckpointFiles
-from forkpoint.runtime.orphans import GRACE_ENV, sweep_orphans
-from forkpoint.runtime.ports import HostPorts
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.housekeeping.invariants import check_home
+from forkpoint.runtime.housekeeping.orphans import GRACE_ENV, sweep_orphans
+from forkpoint.runtime.sessions.ports import HostPorts
 from forkpoint.store import PortForward, SessionRecord, SessionState, Store, session_lock
 
 sys.path.insert(0, str(Path(__file__).parent))

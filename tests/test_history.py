@@ -22,7 +22,7 @@ from forkpoint.protocol import (
     from_wire,
     to_wire,
 )
-from forkpoint.runtime.diffs import (
+from forkpoint.runtime.inspection.diffs import (
     ScanCache,
     compare,
     exclusions,

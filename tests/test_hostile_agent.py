@@ -15,7 +15,7 @@ import pytest
 
 from forkpoint.errors import ForkpointError
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.machines import AGENT_READY_TIMEOUT_S
+from forkpoint.runtime.sessions.machines import AGENT_READY_TIMEOUT_S
 
 pytestmark = pytest.mark.vm
 

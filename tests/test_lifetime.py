@@ -14,8 +14,8 @@ import pytest
 
 from cli_run import FORKPOINT, cli, cli_json, remove_sessions
 from forkpoint.config import Home, home
+from forkpoint.runtime.housekeeping.upkeep import expires_after, upkeep
 from forkpoint.runtime.queries import Queries
-from forkpoint.runtime.upkeep import expires_after, upkeep
 from forkpoint.sdk import Sandbox
 from forkpoint.store import SessionRecord, SessionState, Store
 from forkpoint.vm.logcap import LOG_CAP_BYTES

@@ -18,7 +18,7 @@ from forkpoint.config import home
 from forkpoint.images import get_image
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.limits import limits_for
+from forkpoint.runtime.sessions.limits import limits_for
 from forkpoint.vm import MachineShape, detect_accel, qemu_build
 from forkpoint.vm.cgroups import CgroupHost, Hierarchy
 

@@ -19,7 +19,7 @@ import pytest
 
 from forkpoint.errors import QemuError
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.machines import SESSIONLESS
+from forkpoint.runtime.sessions.machines import SESSIONLESS
 from forkpoint.vm import VmFiles
 from forkpoint.vm.jail import jails_processes
 from forkpoint.vm.net import (

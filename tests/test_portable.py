@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from forkpoint.errors import DamagedCheckpoint, NotConfigured, NotFound
-from forkpoint.runtime.portable.bundle import (
+from forkpoint.runtime.checkpoints.portable.bundle import (
     Blob,
     LayerBlob,
     PortableManifest,
     RamPack,
     parse_ref,
 )
-from forkpoint.runtime.portable.objects import S3Store, TarReader, TarWriter
-from forkpoint.runtime.portable.ramdiff import PAGE, apply_pack, write_pack
+from forkpoint.runtime.checkpoints.portable.objects import S3Store, TarReader, TarWriter
+from forkpoint.runtime.checkpoints.portable.ramdiff import PAGE, apply_pack, write_pack
 from forkpoint.vm.ramfile import allocated_bytes
 from s3_server import S3Server, s3_server
 
@@ -85,7 +85,7 @@ def test_s3_objects_are_written_once_and_read_back(s3: S3Server, tmp_path: Path)
 
 
 def test_s3_multipart_upload(s3: S3Server, tmp_path: Path) -> None:
-    from forkpoint.runtime.portable import objects
+    from forkpoint.runtime.checkpoints.portable import objects
 
     data = os.urandom(11 * MIB + 5)  # parts of 5 MiB: the least S3 takes (but the last)
     (tmp_path / "big").write_bytes(data)
@@ -205,7 +205,7 @@ def test_cli_refuses_bad_transfers_in_one_line(
 
 
 def test_host_facts_match_exactly_but_a_tsc_reading_within_a_tenth_of_a_percent() -> None:
-    from forkpoint.runtime.portable.pull import _same_fact
+    from forkpoint.runtime.checkpoints.portable.pull import _same_fact
 
     assert _same_fact("tsc_khz", 2445434, 2445434)
     assert _same_fact("tsc_khz", 2445434, 2447000)  # 0.06 %: the same host, read again

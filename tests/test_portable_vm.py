@@ -22,9 +22,10 @@ from forkpoint.config import Home
 from forkpoint.errors import DamagedCheckpoint, IncompatibleCheckpoint
 from forkpoint.models import Checkpoint, Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.portable.bundle import PortableManifest
-from forkpoint.runtime.portable.objects import S3Store
-from forkpoint.runtime.portable.pull import Puller
+from forkpoint.runtime.checkpoints.portable.bundle import PortableManifest
+from forkpoint.runtime.checkpoints.portable.objects import S3Store
+from forkpoint.runtime.checkpoints.portable.pull import Puller
+from forkpoint.runtime.checkpoints.service import portable_home
 from s3_server import S3Server, s3_server
 
 pytestmark = pytest.mark.vm
@@ -231,7 +232,7 @@ def test_an_incompatible_checkpoint_is_refused_before_any_ram_is_downloaded(
     reader = S3Store(url)
     named = "image" if section == "image" else field
     with pytest.raises(IncompatibleCheckpoint, match=named):
-        Puller(host_b._portable(), reader, lambda _: None).pull(other.digest)
+        Puller(portable_home(host_b.context), reader, lambda _: None).pull(other.digest)
     assert reader.counter.keys_received == [f"manifests/{other.digest}"]  # no RAM, nothing
     assert _snapshot(host_b) == before
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.invariants import check_home
-from forkpoint.runtime.orphans import GRACE_ENV
+from forkpoint.runtime.housekeeping.invariants import check_home
+from forkpoint.runtime.housekeeping.orphans import GRACE_ENV
 from forkpoint.store.standby import StandbyRecord
 from forkpoint.vm.process import is_running, kill_and_wait, pids_with_arg
 from vm_checks import new_problems, read_port
@@ -85,7 +85,7 @@ def test_a_rollback_loads_its_standby(rt: Runtime) -> None:
             rt.refill_in_background = True
             try:
                 await rt.checkpoint(session.id)
-                await asyncio.gather(*rt._background)
+                await asyncio.gather(*rt.background)
             finally:
                 rt.refill_in_background = False
 

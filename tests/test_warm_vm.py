@@ -16,8 +16,8 @@ import pytest
 
 from forkpoint.models import Session
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.invariants import check_home
-from forkpoint.runtime.warm import WarmTarget
+from forkpoint.runtime.housekeeping.invariants import check_home
+from forkpoint.runtime.sessions.warm import WarmTarget
 from forkpoint.store.warm import WarmRecord
 from forkpoint.vm.process import is_running, kill_and_wait
 from vm_checks import new_problems, read_port

@@ -7,7 +7,7 @@ import socket
 import time
 
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.invariants import check_home
+from forkpoint.runtime.housekeeping.invariants import check_home
 
 
 def read_port(port: int, timeout_s: float = 90.0) -> bytes:

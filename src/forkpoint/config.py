@@ -144,9 +144,9 @@ class HostLimits:
     default 1 GiB). ``max_sessions``: running sessions at most (``FORKPOINT_MAX_SESSIONS``,
     default 32). ``warm_vms``: QEMU processes kept started ahead for creates of each
     image template and machine shape in use (``FORKPOINT_WARM_VMS``, default 0: none; see
-    ``runtime/warm.py``). ``rollback_standbys``: sessions that keep a QEMU started ahead
+    ``runtime/sessions/warm.py``). ``rollback_standbys``: sessions that keep a QEMU started ahead
     for their next rollback (``FORKPOINT_ROLLBACK_STANDBYS``, default 0; see
-    ``runtime/standby.py``).
+    ``runtime/restore/standby.py``).
     """
 
     disk_reserve: str = "1G"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.images import Image
-from forkpoint.runtime.machines import SESSIONLESS
-from forkpoint.runtime.manifest import CheckpointFiles
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.sessions.machines import SESSIONLESS
 from forkpoint.vm import (
     BootFiles,
     Machine,

@@ -17,7 +17,7 @@
                create_warm: Summary, fork20_warm: {op, ready: Summary}, fork100_warm: like
                fork100} -- live idle
                forks' PSS and CPU per VM; fork x100 when the host allows it; a create and a
-               fork x20 that take warm VMs (runtime/warm.py)
+               fork x20 that take warm VMs (runtime/sessions/warm.py)
     cli        {ls, show, exec}: {p50_ms, p95_ms, n} -- wall time of one ``forkpoint`` process
                (``ls --json`` with a few sessions, ``show S --json``, ``exec S -- true``);
                ``ls`` also {target_ms, meets_target}: what a CLI-driven agent pays per call

@@ -27,7 +27,7 @@ from forkpoint.models import Session
 from forkpoint.polling import poll_until
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.capacity import host_limits
-from forkpoint.runtime.machines import boot_files
+from forkpoint.runtime.sessions.machines import boot_files
 from forkpoint.store import SessionRecord, Store
 from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
@@ -335,7 +335,7 @@ class Suite:
         self, session_id: str, checkpoint_id: str, url: str, *, standby: bool = False
     ) -> tuple[float, float]:
         """Ready: the restored web server answered HTTP. ``standby``: its QEMU started
-        ahead (not timed; see runtime/standby.py)."""
+        ahead (not timed; see runtime/restore/standby.py)."""
         if standby and not await self.runtime.prepare_rollback(session_id, checkpoint_id, limit=1):
             raise InternalError("no rollback standby started")
         started = time.perf_counter()

@@ -75,8 +75,8 @@ def parse_env(pairs: Sequence[str] | None) -> dict[str, str]:
 def queries() -> Iterator[Queries]:
     """The runtime's reads alone: no VM engine, no asyncio (``ls``/``show`` stay fast)."""
     from forkpoint.config import home
+    from forkpoint.runtime.housekeeping.upkeep import due_to_pause
     from forkpoint.runtime.queries import Queries
-    from forkpoint.runtime.upkeep import due_to_pause
     from forkpoint.store import Store
 
     root = home().ensure()

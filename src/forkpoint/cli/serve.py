@@ -58,7 +58,7 @@ def serve_command(
     request needs the bearer token written to $FORKPOINT_HOME/token (printed once).
     """
     from forkpoint.runtime import Runtime
-    from forkpoint.runtime.reaper import reap_forever
+    from forkpoint.runtime.housekeeping.reaper import reap_forever
     from forkpoint.server import bind_tcp, bind_unix, create_app, is_loopback, serve_on, write_token
 
     if socket_path is not None and port is not None:

@@ -1,4 +1,4 @@
-"""``forkpoint warm``: QEMU processes started ahead of creates (see runtime/warm.py)."""
+"""``forkpoint warm``: QEMU processes started ahead of creates (see runtime/sessions/warm.py)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def refill_after_create(image: str, memory: int, cpus: int, network: str, ports:
 
 def prepare_rollback_after(session: str) -> None:
     """After a checkpoint or rollback has printed its result: start the session's rollback
-    standby (when FORKPOINT_ROLLBACK_STANDBYS asks for them; see runtime/standby.py)."""
+    standby (when FORKPOINT_ROLLBACK_STANDBYS asks for them; see runtime/restore/standby.py)."""
     _after_result(
         lambda limits: limits.rollback_standbys,
         lambda rt: rt.prepare_rollback(session),

@@ -13,7 +13,7 @@ import uvicorn
 from forkpoint.config import ApiLimits
 from forkpoint.errors import InvalidInput
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.reaper import reaping
+from forkpoint.runtime.housekeeping.reaper import reaping
 from forkpoint.threads import use_fan_out_pool
 
 from .app import create_e2b_app

@@ -45,7 +45,7 @@ from forkpoint.requests import (
     parse,
 )
 from forkpoint.runtime import Runtime
-from forkpoint.runtime.reaper import reaping
+from forkpoint.runtime.housekeeping.reaper import reaping
 
 __all__ = ["TOOL_NAMES", "build_server", "run_stdio"]
 

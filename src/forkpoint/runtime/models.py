@@ -48,7 +48,9 @@ def limits_of(qemu_pid: int | None) -> Limits | None:
 
 
 def checkpoint_of(record: CheckpointRecord, disk_bytes: int = 0) -> Checkpoint:
-    from .manifest import Manifest  # here: `forkpoint ls` never reads a manifest
+    from forkpoint.runtime.checkpoints.manifest import (
+        Manifest,  # here: `forkpoint ls` never reads a manifest
+    )
 
     manifest = Manifest.from_dict(record.manifest, checkpoint_id=record.id)
     return Checkpoint(

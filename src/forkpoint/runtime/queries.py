@@ -12,12 +12,11 @@ from collections.abc import Sequence
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError, NotFound
 from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
+from forkpoint.runtime.models import checkpoint_of, session_of
+from forkpoint.runtime.usage import checkpoint_disk_bytes, session_disk_bytes
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import is_running
-
-from .models import checkpoint_of, session_of
-from .usage import checkpoint_disk_bytes, session_disk_bytes
 
 __all__ = ["LISTED_KINDS", "Queries"]
 
@@ -35,7 +34,7 @@ class Queries:
     def files(self, session_id: str) -> VmFiles:
         return VmFiles(self.home.sessions / session_id, f"forkpoint-{session_id}")
 
-    def _refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
+    def refresh(self, record: SessionRecord, *, locked: bool = False) -> SessionRecord:
         """Notice a QEMU that died behind our back: the session becomes ``crashed``; so
         does a ``creating`` one whose creator was killed (its lock is free).
 
@@ -57,12 +56,11 @@ class Queries:
         if not locked:
             try:
                 with session_lock(self.home, record.id, timeout_s=0):
-                    return self._refresh(self.store.get_session(record.id), locked=True)
+                    return self.refresh(self.store.get_session(record.id), locked=True)
             except Conflict:
                 return record  # an operation is under way: it decides
+        from forkpoint.runtime.sessions.cleanup import kill_session_processes
         from forkpoint.store.standby import StandbyStore  # rare: not loaded for every query
-
-        from .cleanup import kill_session_processes
 
         standby = StandbyStore(self.store).get(record.id)  # kept for the rollback to come
         # Its passt has nothing left to serve.
@@ -76,10 +74,10 @@ class Queries:
         if not locked:
             try:
                 with session_lock(self.home, record.id, timeout_s=0):
-                    return self._refresh(self.store.get_session(record.id), locked=True)
+                    return self.refresh(self.store.get_session(record.id), locked=True)
             except Conflict:
                 return record  # an operation is under way: it decides
-        from .ports import HostPorts  # rare: not loaded for every query
+        from forkpoint.runtime.sessions.ports import HostPorts  # rare: not loaded for every query
 
         try:
             HostPorts(self.home, self.store).restart_network(self.files(record.id), record.id)
@@ -90,7 +88,7 @@ class Queries:
     def require_running(self, session: str, *, locked: bool = True) -> SessionRecord:
         """The running session's record. ``locked``: the caller holds its lock.
         :raises Conflict: it is not running."""
-        record = self._refresh(self.store.get_session(session), locked=locked)
+        record = self.refresh(self.store.get_session(session), locked=locked)
         if record.state != SessionState.RUNNING:
             hint = "; roll it back: forkpoint rollback " + record.id
             raise Conflict(
@@ -102,7 +100,7 @@ class Queries:
     def upkeep(self) -> list[str]:
         """Remove sessions past their timeout, keep logs capped; returns the ids removed
         (every CLI call and the server's reaper run it; see :mod:`.upkeep`)."""
-        from .upkeep import upkeep
+        from forkpoint.runtime.housekeeping.upkeep import upkeep
 
         return upkeep(self)
 
@@ -110,13 +108,13 @@ class Queries:
 
     def get(self, session: str) -> Session:
         """The session with this id or name. :raises NotFound:"""
-        return self.session_of(self._refresh(self.store.get_session(session)))
+        return self.session_of(self.refresh(self.store.get_session(session)))
 
     def list_sessions(self) -> list[Session]:
         listed = []
         for record in self.store.list_sessions():
             try:
-                listed.append(self.session_of(self._refresh(record)))
+                listed.append(self.session_of(self.refresh(record)))
             except NotFound:
                 continue  # removed by another process since the list was read
         return listed

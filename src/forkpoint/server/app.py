@@ -458,6 +458,8 @@ _SESSION_TARGETS = {
     "rollback_preview": {},
     "history": {},
     "undo": {},
+    "pause": {},
+    "resume": {},
 }
 
 
@@ -487,7 +489,7 @@ def _responses(op: Op) -> dict[int | str, dict[str, Any]]:
 def _links_of(name: str) -> dict[str, Any]:
     """The OpenAPI links of an operation's success (what tells a client, and a stateful
     fuzzer, where the ids it answers go)."""
-    if name in ("create_session", "rollback", "undo"):
+    if name in ("create_session", "rollback", "undo", "pause", "resume"):
         return _session_links("$response.body#/id")
     if name in ("list_sessions", "fork"):
         return _session_links("$response.body#/0/id")

@@ -139,7 +139,7 @@ def _v5_history(conn: sqlite3.Connection) -> None:
 
 
 def _v6_warm(conn: sqlite3.Connection) -> None:
-    """QEMU processes started ahead of a create (``runtime/warm.py``): each waits, paused,
+    """QEMU processes started ahead of a create (``runtime/sessions/warm.py``): each waits, paused,
     to become the session ``id`` with uid ``uid``, restored from ``checkpoint_id``; ``key``
     says what it was started for (checkpoint, machine shape with its QEMU build, network)."""
     _run(
@@ -172,7 +172,7 @@ def _v7_warm_loaded(conn: sqlite3.Connection) -> None:
 
 
 def _v8_standbys(conn: sqlite3.Connection) -> None:
-    """A session's rollback standby (``runtime/standby.py``): a QEMU started ahead, paused
+    """A session's rollback standby (``runtime/restore/standby.py``): a QEMU started ahead, paused
     before any state, that a rollback of ``session_id`` to ``checkpoint_id`` on the machine
     ``key`` loads instead of starting one. ``tag`` names its process and sockets beside the
     session's; ``qemu_pid`` is None until it started."""

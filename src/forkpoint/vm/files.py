@@ -71,7 +71,7 @@ class VmFiles:
 
     def standby(self, tag: str) -> VmFiles:
         """The files of a second QEMU for the same VM, started ahead to replace it (see
-        ``runtime/standby.py``): its own ``-name`` (``name.tag``: not the VM's, so killing
+        ``runtime/restore/standby.py``): its own ``-name`` (``name.tag``: not the VM's, so killing
         the VM by name spares it) and its own sockets and pidfile beside the VM's. Logs
         and the chroot are shared. ``tag``: at most 5 characters (socket path length)."""
         assert 0 < len(tag) <= 5 and not self.tag

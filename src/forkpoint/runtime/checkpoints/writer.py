@@ -19,14 +19,13 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
+from forkpoint.runtime.checkpoints.integrity import describe_files
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles, Manifest
+from forkpoint.runtime.sessions.machines import new_layer_name
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
 from forkpoint.vm import Machine, MachineShape, qemu_build
 from forkpoint.vm.host import host_facts, host_tsc_khz
 from forkpoint.vm.shape import ARGV_LAYOUT_VERSION
-
-from .integrity import describe_files
-from .machines import new_layer_name
-from .manifest import CheckpointFiles, Manifest
 
 __all__ = ["CheckpointOrigin", "Checkpointer"]
 
@@ -153,7 +152,9 @@ class Checkpointer:
 
         :raises InUse: sessions or checkpoints depend on it.
         """
-        from .warm import WarmPool  # here: warm VMs start restores, which need this module
+        from forkpoint.runtime.sessions.warm import (
+            WarmPool,  # here: warm VMs start restores, which need this module
+        )
 
         record = self.store.get_checkpoint(checkpoint_id)
         self.store.delete_checkpoint(record.id)

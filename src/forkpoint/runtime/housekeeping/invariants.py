@@ -28,14 +28,13 @@ from pathlib import Path
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError
 from forkpoint.models import Network, SessionState
+from forkpoint.runtime.checkpoints.integrity import check_before_restore
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.housekeeping.orphans import open_paths, orphan_files
 from forkpoint.store import Store, session_lock
 from forkpoint.store.standby import StandbyStore
 from forkpoint.store.warm import WarmStore
 from forkpoint.vm.process import is_running, pids_with_arg
-
-from .integrity import check_before_restore
-from .manifest import CheckpointFiles
-from .orphans import open_paths, orphan_files
 
 __all__ = ["Ledger", "check_home", "check_restores", "home_processes"]
 

@@ -32,18 +32,17 @@ from forkpoint.config import Home
 from forkpoint.errors import Conflict
 from forkpoint.images import Image
 from forkpoint.models import Network
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.sessions.cleanup import kill_vm_processes
+from forkpoint.runtime.sessions.egress import install_filter, policy_of
+from forkpoint.runtime.sessions.limits import prepare_cgroup
+from forkpoint.runtime.sessions.machines import boot_files, jail_of, new_layer_name
+from forkpoint.runtime.sessions.warm import vm_files
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.store.standby import StandbyRecord, StandbyStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.process import is_running
-
-from .cleanup import kill_vm_processes
-from .egress import install_filter, policy_of
-from .limits import prepare_cgroup
-from .machines import boot_files, jail_of, new_layer_name
-from .manifest import CheckpointFiles
-from .warm import vm_files
 
 __all__ = ["Standbys", "standby_key"]
 

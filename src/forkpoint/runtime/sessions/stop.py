@@ -8,10 +8,9 @@ brings it back with the same id and host ports (``pause`` checkpoints first, so 
 from __future__ import annotations
 
 from forkpoint.models import SessionState
+from forkpoint.runtime.sessions.cleanup import kill_session_processes
 from forkpoint.store import KEEP, Keep, Store
 from forkpoint.vm.files import VmFiles
-
-from .cleanup import kill_session_processes
 
 __all__ = ["stop_vm"]
 

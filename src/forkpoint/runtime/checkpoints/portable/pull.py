@@ -20,15 +20,20 @@ from forkpoint.errors import Conflict, DamagedCheckpoint, IncompatibleCheckpoint
 from forkpoint.images import get_image
 from forkpoint.models import CheckpointKind
 from forkpoint.runtime.capacity import checkpoint_bytes, require_space
-from forkpoint.runtime.manifest import CheckpointFiles, Manifest
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles, Manifest
+from forkpoint.runtime.checkpoints.portable.bundle import Blob, PortableManifest, parse_ref
+from forkpoint.runtime.checkpoints.portable.common import (
+    Index,
+    Local,
+    Progress,
+    decompress,
+    scratch,
+)
+from forkpoint.runtime.checkpoints.portable.objects import ObjectStore, sha256_file
+from forkpoint.runtime.checkpoints.portable.ramdiff import apply_pack
 from forkpoint.store import CheckpointRecord
 from forkpoint.vm.disk import rebase_unsafe
 from forkpoint.vm.host import host_facts, host_tsc_khz
-
-from .bundle import Blob, PortableManifest, parse_ref
-from .common import Index, Local, Progress, decompress, scratch
-from .objects import ObjectStore, sha256_file
-from .ramdiff import apply_pack
 
 __all__ = ["Puller"]
 

@@ -13,13 +13,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 from forkpoint.config import Home
 from forkpoint.errors import InternalError
+from forkpoint.runtime.sessions.egress import install_filter, policy_of
+from forkpoint.runtime.sessions.machines import jail_of
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.cgroups import join_cgroups_of
 from forkpoint.vm.net import start_passt, stop_passt, wait_passt_ready
-
-from .egress import install_filter, policy_of
-from .machines import jail_of
 
 __all__ = ["HostPorts", "choosing_ports"]
 

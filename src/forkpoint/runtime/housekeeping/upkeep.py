@@ -22,7 +22,7 @@ from forkpoint.store import session_lock, utc_now
 from forkpoint.vm.logcap import trim_log
 
 if TYPE_CHECKING:
-    from .queries import Queries
+    from forkpoint.runtime.queries import Queries
 
 __all__ = ["due_to_pause", "expires_after", "upkeep"]
 
@@ -75,14 +75,18 @@ def _discard_dead_standbys(queries: Queries) -> None:
     from forkpoint.store.standby import StandbyStore
 
     if any(row.qemu_pid is None for row in StandbyStore(queries.store).all()):
-        from .standby import Standbys  # rare: QEMU's modules are not loaded by every query
+        from forkpoint.runtime.restore.standby import (
+            Standbys,  # rare: QEMU's modules are not loaded by every query
+        )
 
         with contextlib.suppress(ForkpointError, OSError):
             Standbys(queries.home, queries.store).discard_dead()
 
 
 def _remove_expired(queries: Queries, session_id: str, now: str) -> bool:
-    from .cleanup import destroy_session  # rare: not loaded by every query
+    from forkpoint.runtime.sessions.cleanup import (
+        destroy_session,  # rare: not loaded by every query
+    )
 
     # Busy (its lock is held) or failing: left for the next round — the caller's own
     # command must not fail because another session could not be removed.

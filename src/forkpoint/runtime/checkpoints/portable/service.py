@@ -9,13 +9,17 @@ from pathlib import Path
 from forkpoint.errors import InvalidInput
 from forkpoint.models import Checkpoint
 from forkpoint.models.portable import CheckpointTransfer, TransferKind
+from forkpoint.runtime.checkpoints.portable.common import EXPORT_REF, Local, Progress
+from forkpoint.runtime.checkpoints.portable.objects import (
+    ObjectStore,
+    S3Store,
+    TarReader,
+    TarWriter,
+)
+from forkpoint.runtime.checkpoints.portable.pull import Puller
+from forkpoint.runtime.checkpoints.portable.push import Pusher
 from forkpoint.store import CheckpointRecord
 from forkpoint.store.locks import global_lock
-
-from .common import EXPORT_REF, Local, Progress
-from .objects import ObjectStore, S3Store, TarReader, TarWriter
-from .pull import Puller
-from .push import Pusher
 
 __all__ = ["export_checkpoint", "import_checkpoint", "pull_checkpoint", "push_checkpoint"]
 

@@ -18,7 +18,7 @@ from forkpoint.errors import CommandNotFound, InternalError, InvalidInput
 from forkpoint.vm import Machine
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from forkpoint.runtime.guest.processes import AgentSource
 
 __all__ = ["grow_block_device", "grow_filesystem"]
 
@@ -40,22 +40,24 @@ async def grow_block_device(machine: Machine, disk_mib: int, *, at_create: bool)
     return wanted > previous
 
 
-async def grow_filesystem(runtime: Runtime, session_id: str) -> None:
-    """Grow the guest's root filesystem to its disk (online).
+async def grow_filesystem(guest: AgentSource, session_id: str) -> None:
+    """Grow the guest's root filesystem to its disk (online); straight through the agent,
+    not a step of the session's history.
 
     :raises InternalError: ``resize2fs`` failed (its last line says why) or the image has
         none (an OCI image without e2fsprogs).
     """
     try:
-        result = await runtime.exec(
-            session_id, ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S, user="root"
-        )
+        async with guest.agent(session_id) as agent:
+            result = await agent.exec(
+                ["resize2fs", "/dev/vda"], timeout=_RESIZE_TIMEOUT_S, user="root"
+            )
     except CommandNotFound as error:
         raise InternalError(
             "growing the guest's filesystem needs resize2fs in the image (install e2fsprogs "
             f"in it): {error.message}"
         ) from error
     if result.exit_code != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
+        lines = (result.stderr or result.stdout).decode(errors="replace").strip().splitlines()
         reason = lines[-1] if lines else f"exit code {result.exit_code}"
         raise InternalError(f"growing the guest's filesystem failed: {reason}")

@@ -16,10 +16,9 @@ import zstandard
 
 from forkpoint.config import Home
 from forkpoint.images.tmpdirs import pid_alive
+from forkpoint.runtime.checkpoints.portable.bundle import LayerBlob
 from forkpoint.store import Store
 from forkpoint.vm.shape import MachineShape
-
-from .bundle import LayerBlob
 
 __all__ = ["EXPORT_REF", "Index", "Local", "Progress", "compress", "decompress", "scratch"]
 

@@ -6,9 +6,8 @@ from forkpoint.config import Home
 from forkpoint.errors import InUse
 from forkpoint.images.catalog import images_named, remove_images
 from forkpoint.models import CheckpointKind
+from forkpoint.runtime.checkpoints.writer import Checkpointer
 from forkpoint.store import Store, global_lock
-
-from .checkpoints import Checkpointer
 
 __all__ = ["remove_image"]
 

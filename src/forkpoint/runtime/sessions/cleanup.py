@@ -14,13 +14,12 @@ from forkpoint import faults
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError, NotFound
 from forkpoint.models import Network
+from forkpoint.runtime.housekeeping.orphans import sweep_orphans
 from forkpoint.store import SessionRecord, Store, global_lock
 from forkpoint.vm import VmFiles
 from forkpoint.vm.disk import blank_overlay_of
 from forkpoint.vm.net import passt_log, remove_passt_log
 from forkpoint.vm.process import Dying, kill, pids_with_arg
-
-from .orphans import sweep_orphans
 
 __all__ = [
     "collect_layers",
@@ -36,7 +35,9 @@ def destroy_session(home: Home, store: Store, files: VmFiles, record: SessionRec
     kill_session_processes(files, record)
     faults.point("rm.processes-killed")
     if record.network == Network.USER:
-        from .egress import remove_filter  # here: queries (upkeep) must not load nftables
+        from forkpoint.runtime.sessions.egress import (
+            remove_filter,  # here: queries (upkeep) must not load nftables
+        )
 
         remove_filter(record)
         faults.point("rm.egress-removed")
@@ -91,7 +92,9 @@ def kill_vm_processes(
 def remove_session_files(files: VmFiles) -> None:
     """Everything a session leaves on the host once its processes are gone: its
     directories, passt's log and its cgroup."""
-    from .limits import remove_cgroup  # here: queries load this module, never cgroups'
+    from forkpoint.runtime.sessions.limits import (
+        remove_cgroup,  # here: queries load this module, never cgroups'
+    )
 
     remove_cgroup(files.dir.name)
     shutil.rmtree(files.dir, ignore_errors=True)

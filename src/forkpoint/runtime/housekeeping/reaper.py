@@ -7,18 +7,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
-__all__ = ["reap_forever", "reaping"]
+__all__ = ["Expiring", "reap_forever", "reaping"]
 
 _log = logging.getLogger("forkpoint.reaper")
 
 
-async def reap_forever(runtime: Runtime, interval_s: float = 1.0) -> None:
-    """:meth:`Runtime.expire` every ``interval_s`` seconds until cancelled."""
+class Expiring(Protocol):
+    """What a reaper drives (the runtime: ``Lifetimes.expire``)."""
+
+    async def expire(self) -> list[str]: ...
+
+
+async def reap_forever(runtime: Expiring, interval_s: float = 1.0) -> None:
+    """``runtime.expire()`` every ``interval_s`` seconds until cancelled."""
     while True:
         try:
             for session_id in await runtime.expire():
@@ -29,7 +32,7 @@ async def reap_forever(runtime: Runtime, interval_s: float = 1.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def reaping(runtime: Runtime, interval_s: float = 1.0) -> AsyncIterator[None]:
+async def reaping(runtime: Expiring, interval_s: float = 1.0) -> AsyncIterator[None]:
     """Run :func:`reap_forever` while inside (a door's lifespan)."""
     task = asyncio.create_task(reap_forever(runtime, interval_s))
     try:

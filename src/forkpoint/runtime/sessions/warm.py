@@ -31,6 +31,12 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
 from forkpoint.models import Network
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.sessions.cleanup import kill_vm_processes, remove_session_files
+from forkpoint.runtime.sessions.egress import install_filter
+from forkpoint.runtime.sessions.limits import prepare_cgroup
+from forkpoint.runtime.sessions.machines import boot_files, new_layer_name
+from forkpoint.runtime.sessions.ports import choosing_ports
 from forkpoint.store import CheckpointRecord, Store, utc_now
 from forkpoint.store.warm import WarmRecord, WarmStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
@@ -39,13 +45,6 @@ from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import passt_ready, start_passt
 from forkpoint.vm.process import is_running
-
-from .cleanup import kill_vm_processes, remove_session_files
-from .egress import install_filter
-from .limits import prepare_cgroup
-from .machines import boot_files, new_layer_name
-from .manifest import CheckpointFiles
-from .ports import choosing_ports
 
 __all__ = ["WarmPool", "WarmTarget", "vm_files"]
 

@@ -19,6 +19,10 @@ from forkpoint.config import Home
 from forkpoint.errors import QemuError
 from forkpoint.images import Image
 from forkpoint.models import JAIL_UID_BASE, Network
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.sessions.cleanup import kill_vm_processes
+from forkpoint.runtime.sessions.egress import install_filter
+from forkpoint.runtime.sessions.limits import prepare_cgroup, report_not_enforced
 from forkpoint.store import SessionRecord
 from forkpoint.store.standby import StandbyRecord
 from forkpoint.store.warm import WarmRecord
@@ -36,11 +40,6 @@ from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import passt_ready, start_passt, stop_passt
 from forkpoint.vm.process import is_running
-
-from .cleanup import kill_vm_processes
-from .egress import install_filter
-from .limits import prepare_cgroup, report_not_enforced
-from .manifest import CheckpointFiles
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",

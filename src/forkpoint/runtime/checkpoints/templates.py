@@ -14,12 +14,11 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
+from forkpoint.runtime.checkpoints.writer import Checkpointer, CheckpointOrigin
+from forkpoint.runtime.sessions.limits import prepare_cgroup, remove_cgroup
+from forkpoint.runtime.sessions.machines import SESSIONLESS, boot_files, new_layer_name
 from forkpoint.store import CheckpointRecord, Store, global_lock_async
 from forkpoint.vm import Machine, MachineShape, VmFiles, create_overlay, qemu_build
-
-from .checkpoints import Checkpointer, CheckpointOrigin
-from .limits import prepare_cgroup, remove_cgroup
-from .machines import SESSIONLESS, boot_files, new_layer_name
 
 __all__ = ["Templates"]
 

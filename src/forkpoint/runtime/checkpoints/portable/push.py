@@ -12,15 +12,14 @@ import json
 import shutil
 from pathlib import Path
 
-from forkpoint.runtime.manifest import CheckpointFiles
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
+from forkpoint.runtime.checkpoints.portable.bundle import Blob, LayerBlob, PortableManifest, RamPack
+from forkpoint.runtime.checkpoints.portable.common import Index, Local, Progress, compress, scratch
+from forkpoint.runtime.checkpoints.portable.objects import ObjectStore, sha256_file
+from forkpoint.runtime.checkpoints.portable.ramdiff import PAGE, write_pack
 from forkpoint.store import CheckpointRecord
 from forkpoint.vm.disk import rebase_unsafe
 from forkpoint.vm.host import host_facts, host_tsc_khz
-
-from .bundle import Blob, LayerBlob, PortableManifest, RamPack
-from .common import Index, Local, Progress, compress, scratch
-from .objects import ObjectStore, sha256_file
-from .ramdiff import PAGE, write_pack
 
 __all__ = ["Pusher"]
 

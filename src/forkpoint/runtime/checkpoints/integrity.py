@@ -38,8 +38,7 @@ import xxhash
 
 from forkpoint.errors import DamagedCheckpoint
 from forkpoint.models import FileCheck
-
-from .manifest import CheckpointFiles
+from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
 
 __all__ = [
     "SUM_KEY",
