@@ -123,10 +123,12 @@ def render() -> str:
 
 
 def _format(text: str) -> str:
-    """Imports sorted and ``ruff format``: the stub reads like the rest of the code."""
+    """Imports sorted and ``ruff format``: the stub reads like the rest of the code (the
+    full path lets ruff find the project's settings, as a ``ruff format`` of the tree does)."""
+    stub = str(_HERE / "_sync.pyi")
     for command in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
         text = subprocess.run(
-            [sys.executable, "-m", "ruff", *command, "--stdin-filename", "_sync.pyi", "-"],
+            [sys.executable, "-m", "ruff", *command, "--stdin-filename", stub, "-"],
             input=text, capture_output=True, text=True, check=True, cwd=_HERE,
         ).stdout  # fmt: skip
     return text
