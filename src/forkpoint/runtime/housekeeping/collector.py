@@ -49,11 +49,13 @@ class Collector:
 
     def collect_hidden_checkpoints(self) -> list[str]:
         """Delete the pause and fork checkpoints of sessions that are gone, once nothing
-        depends on them (blocking); returns their ids."""
+        depends on them (blocking); returns their ids. Newest first: a pause after a resume
+        is a child of the previous pause, which is free once the child is gone."""
         store = self.context.store
         live = {r.id for r in store.list_sessions()}
         gone = []
-        for checkpoint in store.list_checkpoints(kind=(CheckpointKind.PAUSE, CheckpointKind.FORK)):
+        hidden = store.list_checkpoints(kind=(CheckpointKind.PAUSE, CheckpointKind.FORK))
+        for checkpoint in reversed(hidden):
             if checkpoint.session_id in live:
                 continue
             try:
