@@ -25,6 +25,7 @@ from e2b import (
     SandboxState,
 )
 from e2b.exceptions import SandboxNotRunningException
+from e2b.sandbox.commands.command_handle import PtySize
 
 from e2b_gateway import Gateway, running_gateway
 
@@ -201,6 +202,25 @@ def test_commands_stdin_connect_and_disconnect(sbx: Sandbox) -> None:
     ticker.disconnect()  # the command goes on
     again = sbx.commands.connect(ticker.pid)
     assert "t6" in again.wait().stdout
+
+
+def test_pty_create_input_resize_connect_kill(sbx: Sandbox) -> None:
+    """``sandbox.pty``: a login shell on a real PTY (E2B's wire: Start with pty, input as
+    pty bytes, Update with the size), re-attached by pid, killed."""
+    output: list[bytes] = []
+    terminal = sbx.pty.create(PtySize(80, 24), envs={"ABC": "123"}, cwd="/")
+    sbx.pty.resize(terminal.pid, PtySize(cols=100, rows=24))
+    terminal.disconnect()
+    again = sbx.pty.connect(terminal.pid)
+    assert again.pid == terminal.pid
+    sbx.pty.send_stdin(terminal.pid, b"echo $ABC-$((1+2)) $(pwd)$(tput cols); exit\n")
+    assert again.wait(on_pty=output.append).exit_code == 0
+    assert "123-3 /100" in b"".join(output).decode()
+    killed = sbx.pty.create(PtySize(80, 24))
+    assert sbx.pty.kill(killed.pid)
+    assert not sbx.pty.kill(999_999)
+    with pytest.raises(CommandExitException):
+        sbx.commands.run(f"kill -0 {killed.pid}")
 
 
 def test_command_in_a_killed_sandbox(gateway: Gateway) -> None:

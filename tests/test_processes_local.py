@@ -15,7 +15,7 @@ import pytest
 from forkpoint.agent_client import AgentClient
 from forkpoint.agent_client.processes import ProcessStream
 from forkpoint.errors import Conflict, NotFound
-from forkpoint.protocol import EventKind
+from forkpoint.protocol import EventKind, PtySize
 from test_agent_local import LocalAgent, guest_root, process_gone, run, wait_until
 
 __all__ = ["guest_root"]  # the fixture, shared with test_agent_local
@@ -256,5 +256,58 @@ def test_user_runs_as_that_user_and_owns_its_files(tmp_path: Path, guest_root: P
         os.chmod(tmp_path, 0o755)
         with pytest.raises(Exception, match="may not write"):
             await c.rename(str(target), str(tmp_path / "moved"), user="nobody")
+
+    run(tmp_path, guest_root, body)
+
+
+async def _pty_output_until(s: ProcessStream, needle: bytes) -> bytes:
+    seen = b""
+    while needle not in seen:
+        item = await s.next()
+        assert item is not None, f"ended before {needle!r}: {seen!r}"
+        assert item[0] == EventKind.PTY
+        seen += item[1]
+    return seen
+
+
+def test_a_pty_is_the_controlling_terminal_types_in_and_resizes(
+    tmp_path: Path, guest_root: Path
+) -> None:
+    async def body(agent: LocalAgent, c: AgentClient) -> None:
+        # A shell reading commands from its terminal, which it owns (job control).
+        s = await c.start_process(["/bin/sh"], pty=PtySize(80, 24), env={"PS1": "$ "})
+        pid = await s.started()
+        await c.send_stdin(pid, b"stty size; echo tty=$(tty) term=$TERM; echo $((40+2))done\n")
+        seen = await _pty_output_until(s, b"42done")  # the echo of the line says $((40+2))
+        assert b"24 80" in seen and b"term=xterm-256color" in seen
+        assert b"tty=/dev/pts/" in seen
+        # A resize reaches the program: the kernel has the size, and sends SIGWINCH.
+        await c.send_stdin(pid, b"trap 'echo winched' WINCH\n")
+        await c.resize_process(pid, PtySize(100, 30))
+        await c.send_stdin(pid, b"stty size\n")
+        assert b"winched" in await _pty_output_until(s, b"30 100")
+        with pytest.raises(Conflict, match="terminal"):
+            await c.close_stdin(pid)
+        listed = {p.pid: p for p in await c.list_processes()}
+        assert listed[pid].pty
+        # ^C goes to the foreground job, not to the shell; exit ends it with its code.
+        await c.send_stdin(pid, b"sleep 30\n")
+        await asyncio.sleep(0.3)
+        await c.send_stdin(pid, b"\x03")
+        await c.send_stdin(pid, b"exit 5\n")
+        while await s.next() is not None:
+            pass
+        assert s.end().exit_code == 5
+        with pytest.raises(Conflict, match="ended"):
+            await c.resize_process(pid, PtySize(80, 24))
+        with pytest.raises(Conflict, match="ended"):
+            await c.send_stdin(pid, b"x")
+        # A process without a PTY cannot be resized.
+        plain = await c.start_process(["sleep", "5"])
+        plain_pid = await plain.started()
+        with pytest.raises(Conflict, match="without a PTY"):
+            await c.resize_process(plain_pid, PtySize(80, 24))
+        await c.signal_process(plain_pid, "KILL")
+        await collect(plain)
 
     run(tmp_path, guest_root, body)

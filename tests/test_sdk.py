@@ -24,6 +24,7 @@ from forkpoint.errors import CommandTimeout, ForkpointError, InvalidInput, NotFo
 from forkpoint.sdk import (
     AsyncCheckpoint,
     AsyncSandbox,
+    AsyncTerminal,
     BackgroundProcess,
     Checkpoint,
     CommandResult,
@@ -303,3 +304,63 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
             await AsyncSandbox.connect("x", base_url=f"unix:{tmp_path / 'none.sock'}")
 
     asyncio.run(scenario())
+
+
+async def _read_until(terminal: AsyncTerminal, needle: bytes) -> bytes:
+    seen = b""
+    while needle not in seen:
+        chunk = await terminal.read()
+        assert chunk is not None, f"the terminal ended before {needle!r}: {seen!r}"
+        seen += chunk
+    return seen
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_a_terminal_is_resized_and_lives_on_in_a_fork_at_the_same_pid(vm_ready: None) -> None:
+    """A shell on a PTY (embedded SDK: the output streams in-process): typed into,
+    resized; checkpointed and forked, the fork's copy is the same shell at the same PID,
+    re-attached and ended there, while the original runs on."""
+
+    async def scenario() -> None:
+        async with await AsyncSandbox.create() as sb:
+            term = await sb.terminals.open(80, 24, command=["/bin/sh"], env={"PS1": "$ "})
+            await term.send("stty size; echo $((40+2))done\n")  # the echo shows $((40+2))
+            assert b"24 80" in await _read_until(term, b"42done")
+            await term.resize(120, 40)
+            await term.send("stty size; echo $((1+1))resized\n")
+            assert b"40 120" in await _read_until(term, b"2resized")
+            checkpoint = await sb.checkpoint()
+            (fork,) = await checkpoint.fork(1)
+            assert isinstance(fork, AsyncSandbox)
+            try:
+                copy = await fork.terminals.connect(term.pid)
+                await copy.send("echo in-fork-$((3+4)); exit 3\n")
+                output: list[bytes] = []
+                assert await copy.wait(output.append) == 3
+                assert b"in-fork-7" in b"".join(output) and copy.exit_code == 3
+                await term.send("echo still-$((5+5))\n")  # the original is untouched
+                await _read_until(term, b"still-10")
+                await term.kill()
+                assert await term.wait() == 128 + signal.SIGKILL
+                with pytest.raises(NotFound):
+                    await sb.terminals.connect(4_000_000)
+            finally:
+                await fork.kill()
+                await checkpoint.remove()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_a_terminal_over_the_rest_api(api: str, vm_ready: None) -> None:
+    """The same through a real server: the NDJSON stream arrives as the guest writes."""
+    with Sandbox.create(base_url=api) as sb:
+        term = sb.terminals.open(command=["/bin/sh", "-c", "read line; echo got-$line; exit 4"])
+        term.send("forkpoint\n")
+        output: list[bytes] = []
+        assert term.wait(output.append) == 4
+        assert b"got-forkpoint" in b"".join(output)
+        with pytest.raises(InvalidInput):
+            sb.terminals.open(cols=0)

@@ -58,6 +58,9 @@ __all__ = [
     "ForkCount",
     "Flag",
     "ForkRequest",
+    "TerminalInputRequest",
+    "TerminalRequest",
+    "TerminalSizeRequest",
     "GuestPath",
     "GuestPort",
     "MemoryMiB",
@@ -384,6 +387,39 @@ class DiffRequest(_Request):
     patch: Flag = False
     include_tmp: Flag = False
     exclude: Annotated[tuple[GuestPath, ...], Field(max_length=64)] = ()
+
+
+#: A guest user name (what the agent accepts: a POSIX login name).
+GuestUser = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}\$?$")]
+_PtyCols = Annotated[int, Field(ge=1, le=1000, description="Columns."), _JSON_INTEGER]
+_PtyRows = Annotated[int, Field(ge=1, le=1000, description="Rows."), _JSON_INTEGER]
+#: What a terminal runs unless told otherwise: an interactive login shell (as E2B's does).
+DEFAULT_TERMINAL_COMMAND = ("/bin/bash", "-i", "-l")
+
+
+class TerminalRequest(_Request):
+    """A terminal: ``command`` (default: an interactive login shell) on a new PTY of
+    ``cols`` × ``rows``, as ``user`` (default root), in ``cwd`` (default its home)."""
+
+    cols: _PtyCols = 80
+    rows: _PtyRows = 24
+    command: Annotated[list[_Arg], Field(min_length=1), AfterValidator(_program_named)] = list(
+        DEFAULT_TERMINAL_COMMAND
+    )
+    cwd: GuestPath | None = None
+    env: Env = {}
+    user: GuestUser | None = None
+
+
+class TerminalInputRequest(_Request):
+    """Bytes typed into a terminal (base64)."""
+
+    data: Annotated[str, StringConstraints(pattern=_BASE64, max_length=1 << 20)]
+
+
+class TerminalSizeRequest(_Request):
+    cols: _PtyCols
+    rows: _PtyRows
 
 
 class UndoRequest(_Request):

@@ -54,10 +54,12 @@ from ..protocol import (
     ProcessInfo,
     ProcInputArgs,
     ProcListResult,
+    ProcResizeArgs,
     ProcSignalArgs,
     ProcStartArgs,
     ProtocolError,
     PsResult,
+    PtySize,
     ReadFileResult,
     RemoveArgs,
     RemoveResult,
@@ -651,15 +653,17 @@ class AgentClient:
         stdin: bool = False,
         tag: str | None = None,
         timeout: float | None = None,
+        pty: PtySize | None = None,
     ) -> ProcessStream:
         """Start ``argv`` as a process the agent owns; await ``started()`` for its pid.
 
         It outlives this stream and this client (``attach_process`` streams it again).
-        ``timeout`` (s) bounds its life: its process group is killed then.
+        ``timeout`` (s) bounds its life: its process group is killed then. ``pty``: on a
+        terminal of that size (its output comes as ``pty`` events; ``send_stdin`` types).
         """
         args = _model(
             ProcStartArgs, argv=list(argv), cwd=cwd, env=dict(env or {}), user=user,
-            stdin=stdin, tag=tag, timeout=timeout or None,
+            stdin=stdin, tag=tag, timeout=timeout or None, pty=pty,
         )  # fmt: skip
         return self._process_stream(Op.PROC_START, await self._open_stream(
             Op.PROC_START, args, args.window
@@ -683,6 +687,11 @@ class AgentClient:
     async def close_stdin(self, pid: int) -> None:
         """Raises NotFound, Conflict (started without stdin)."""
         await self._call(Op.PROC_CLOSE_STDIN, PidArgs(pid))
+
+    async def resize_process(self, pid: int, size: PtySize) -> None:
+        """Set the window size of a process's PTY. Raises NotFound, Conflict (no PTY, or
+        it has ended)."""
+        await self._call(Op.PROC_RESIZE, ProcResizeArgs(pid, size))
 
     async def signal_process(self, pid: int, signal: int | str) -> None:
         """Signal a started process's group. Raises NotFound (unknown, or ended)."""

@@ -12,12 +12,14 @@ lists in an object.
 The few operations whose shape is not "JSON in, JSON out" are wired by hand in each door
 and listed in :data:`BY_HAND`: ``exec`` (a foreground | background union answering two
 shapes), the file routes (raw bytes both ways), ``kill_process`` and ``list_checkpoints``
-(query parameters), health and the 202 operations.
+(query parameters), a terminal's start and connect (NDJSON streams), health and the 202
+operations.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from forkpoint.models import (
     OperationKind,
     Port,
     Process,
+    PtySize,
     Session,
     StateDiff,
 )
@@ -48,6 +51,8 @@ from forkpoint.requests import (
     PushRequest,
     RollbackPreviewRequest,
     RollbackRequest,
+    TerminalInputRequest,
+    TerminalSizeRequest,
     TimeoutRequest,
     UndoRequest,
 )
@@ -58,8 +63,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BY_HAND", "OPERATIONS", "Cost", "Op", "admit", "operation"]
 
-#: An operation's ids, by path parameter: ``session_id``, ``checkpoint_id``.
-Ids = dict[str, str]
+#: An operation's ids, by path parameter: ``session_id``, ``checkpoint_id``, ``pid``.
+Ids = dict[str, Any]
 
 
 class Cost(enum.Enum):
@@ -166,6 +171,18 @@ async def _history(rt: Runtime, ids: Ids, request: None) -> list[HistoryStep]:
 
 async def _undo(rt: Runtime, ids: Ids, request: UndoRequest) -> Session:
     return await rt.undo(ids["session_id"], request.steps)
+
+
+async def _type_into_terminal(rt: Runtime, ids: Ids, request: TerminalInputRequest) -> None:
+    await rt.send_stdin(ids["session_id"], ids["pid"], base64.b64decode(request.data))
+
+
+async def _resize_terminal(rt: Runtime, ids: Ids, request: TerminalSizeRequest) -> None:
+    await rt.resize_process(ids["session_id"], ids["pid"], PtySize(request.cols, request.rows))
+
+
+async def _close_terminal(rt: Runtime, ids: Ids, request: None) -> None:
+    await rt.signal_process(ids["session_id"], ids["pid"], "KILL")
 
 
 async def _processes(rt: Runtime, ids: Ids, request: None) -> list[Process]:
@@ -288,6 +305,13 @@ OPERATIONS: tuple[Op, ...] = (
     ),
     Op("processes", "GET", f"{_S}/processes", _processes, "A session's processes",
        "commands", response=list[Process]),
+    Op("type_into_terminal", "POST", f"{_S}/terminals/{{pid}}/input", _type_into_terminal,
+       "Type into a terminal", "terminals", TerminalInputRequest, status=204),
+    Op("resize_terminal", "POST", f"{_S}/terminals/{{pid}}/size", _resize_terminal,
+       "Resize a terminal (its program gets SIGWINCH)", "terminals", TerminalSizeRequest,
+       status=204),
+    Op("close_terminal", "DELETE", f"{_S}/terminals/{{pid}}", _close_terminal,
+       "Close a terminal (its process group is killed)", "terminals", status=204),
     Op(
         "forward_port", "POST", f"{_S}/ports", _forward_port, "Forward a guest port", "ports",
         PortRequest, Port, mcp=True,
@@ -344,7 +368,8 @@ OPERATIONS: tuple[Op, ...] = (
 #: The operations each door wires by hand (see the module's docstring).
 BY_HAND = (
     "health", "exec_command", "kill_process", "read_file", "write_file", "remove_file",
-    "list_files", "list_checkpoints", "list_operations", "get_operation",
+    "list_files", "list_checkpoints", "list_operations", "get_operation", "open_terminal",
+    "connect_terminal",
 )  # fmt: skip
 
 _BY_NAME = {op.name: op for op in OPERATIONS}

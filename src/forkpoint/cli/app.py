@@ -28,6 +28,7 @@ def _register_all() -> None:
         images,
         serve,
         sessions,
+        shell,
         ui,
         warm,
     )
@@ -35,6 +36,7 @@ def _register_all() -> None:
     images.register(app)
     sessions.register(app)
     guest.register(app)
+    shell.register(app)
     checkpoints.register(app)
     browser.register(app)
     history.register(app)

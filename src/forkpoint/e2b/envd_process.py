@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from forkpoint.errors import ForkpointError, NotFound
+from forkpoint.models import PtySize
 
 from .connect import ConnectError, end_stream, envelope, read_envelopes
 from .context import EnvdCall, connect_error
@@ -58,7 +59,7 @@ async def _select(call: EnvdCall, message: dict[str, Any]) -> int:
 def _event(event: ProcessEvent) -> dict[str, Any]:
     if event.kind == "start":
         return {"event": {"start": {"pid": event.pid}}}
-    if event.kind in ("stdout", "stderr"):
+    if event.kind in ("stdout", "stderr", "pty"):
         return {"event": {"data": {event.kind: base64.b64encode(event.data).decode()}}}
     end: dict[str, Any] = {"exited": event.signal is None}
     if event.signal is not None:
@@ -155,8 +156,7 @@ async def _start(call: EnvdCall, message: dict[str, Any]) -> AsyncIterator[Proce
     config = message.get("process")
     if not isinstance(config, dict) or not config.get("cmd"):
         raise ConnectError("invalid_argument", "process.cmd is required")
-    if message.get("pty"):
-        raise ConnectError("unimplemented", "PTYs are not supported by forkpoint")
+    pty = message.get("pty")
     args = config.get("args") or []
     envs = config.get("envs") or {}
     if not isinstance(args, list) or not isinstance(envs, dict):
@@ -166,8 +166,19 @@ async def _start(call: EnvdCall, message: dict[str, Any]) -> AsyncIterator[Proce
         call.sandbox_id, str(config["cmd"]), tuple(str(a) for a in args),
         cwd=config.get("cwd") or None, env=env, user=call.user,
         stdin=bool(message.get("stdin", False)), tag=message.get("tag") or None,
-        timeout=call.deadline_s,
+        timeout=call.deadline_s, pty=_pty_size(pty) if pty else None,
     )  # fmt: skip
+
+
+def _pty_size(pty: object) -> PtySize:
+    """A ``PTY`` message's ``size`` (``{"cols": 80, "rows": 24}``)."""
+    size = pty.get("size") if isinstance(pty, dict) else None
+    if not isinstance(size, dict):
+        raise ConnectError("invalid_argument", "pty.size must be an object")
+    try:
+        return PtySize(int(size.get("cols", 0)), int(size.get("rows", 0)))
+    except (TypeError, ValueError) as error:
+        raise ConnectError("invalid_argument", f"bad pty.size: {error}") from None
 
 
 def _process_json(process: TrackedProcess) -> dict[str, Any]:
@@ -201,13 +212,14 @@ async def _send_signal(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any
 
 
 def _stdin_of(message: dict[str, Any]) -> bytes:
+    """``ProcessInput``: ``stdin`` bytes, or ``pty`` bytes typed into a PTY (the agent
+    writes either where the process reads)."""
     data = message.get("input") or {}
-    if "pty" in data:
-        raise ConnectError("unimplemented", "PTYs are not supported by forkpoint")
+    kind = "pty" if "pty" in data else "stdin"
     try:
-        return base64.b64decode(data.get("stdin", ""), validate=True)
+        return base64.b64decode(data.get(kind, ""), validate=True)
     except ValueError:
-        raise ConnectError("invalid_argument", "input.stdin must be base64") from None
+        raise ConnectError("invalid_argument", f"input.{kind} must be base64") from None
 
 
 async def _send_input(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +234,13 @@ async def _close_stdin(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any
 
 
 async def _update(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
-    raise ConnectError("unimplemented", "PTYs are not supported by forkpoint")
+    """``Update``: a PTY's new window size."""
+    pid = await _select(call, message)
+    pty = message.get("pty")
+    if not pty:
+        return {}
+    await call.runtime.resize_process(call.sandbox_id, pid, _pty_size(pty))
+    return {}
 
 
 UNARY = {

@@ -128,6 +128,7 @@ class Agent:
             Op.PROC_CLOSE_STDIN: self.processes.close_stdin,
             Op.PROC_SIGNAL: self.processes.signal,
             Op.PROC_LIST: self.processes.list_processes,
+            Op.PROC_RESIZE: self.processes.resize,
             Op.STREAM_CREDIT: self.streams.credit,
             Op.STREAM_CANCEL: self._cancel_stream,
             Op.TUNNEL_OPEN: self.tunnels.open,

@@ -8,15 +8,24 @@ never blocks on a full pipe); an attached host that reads slowly slows the proce
 (flow control, ``streams``). Exit codes of the last ``_KEEP_ENDED`` ended processes are
 kept for late attaches and ``proc_list``. All of it is guest memory, so a checkpoint
 keeps the table, and a fork or rollback can attach to processes started before it.
+
+A process started with ``pty`` runs on a pseudo-terminal of its own: the slave is its
+controlling terminal and its stdin, stdout and stderr; the agent keeps the master, whose
+output streams as ``pty`` events, which ``proc_input`` types into and ``proc_resize``
+resizes (the kernel sends the foreground group SIGWINCH).
 """
 
 from __future__ import annotations
 
 import collections
+import errno
+import fcntl
 import os
 import selectors
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,8 +41,10 @@ from ..protocol import (
     ProcEndResult,
     ProcInputArgs,
     ProcListResult,
+    ProcResizeArgs,
     ProcSignalArgs,
     ProcStartArgs,
+    PtySize,
     TrackedProcessInfo,
 )
 from .context import ConnectionGone, Context, GuestError
@@ -49,6 +60,7 @@ _KEEP_ENDED: Final = 256
 # background grandchild may keep the pipes open (they are still drained, never closed
 # under it, so it gets no SIGPIPE).
 _EXIT_GRACE_S: Final = 0.2
+_DEFAULT_TERM: Final = "xterm-256color"
 
 
 def process_env(acct: Account | None, extra: dict[str, str]) -> dict[str, str]:
@@ -72,6 +84,8 @@ class _Tracked:
     args: ProcStartArgs
     cwd: str
     popen: subprocess.Popen[bytes]
+    pty: int | None = None  # the master side of its PTY
+    pty_closed: bool = False  # under both locks: after its end, once drained
     lock: threading.Lock = field(default_factory=threading.Lock)
     stdin_lock: threading.Lock = field(default_factory=threading.Lock)
     subscribers: list[Stream] = field(default_factory=list)
@@ -88,7 +102,7 @@ class _Tracked:
         return TrackedProcessInfo(
             pid=self.pid, argv=list(a.argv), cwd=self.cwd, env=dict(a.env), user=a.user,
             tag=a.tag, stdin=a.stdin, running=not self.ended, exit_code=self.exit_code,
-            signal=self.signal,
+            signal=self.signal, pty=self.pty is not None,
         )  # fmt: skip
 
     def end_result(self) -> ProcEndResult:
@@ -115,20 +129,35 @@ class ProcessTable:
         user_kw: dict[str, Any] = {}
         if acct is not None:
             user_kw = {"user": acct.uid, "group": acct.gid, "extra_groups": list(acct.groups)}
+        env = process_env(acct, {**defaults.env, **args.env})
+        master = terminal = None
+        if args.pty is not None:
+            master, terminal = _open_pty(args.pty)
+            env.setdefault("TERM", _DEFAULT_TERM)
+            io: dict[str, Any] = {
+                "stdin": terminal, "stdout": terminal, "stderr": terminal,
+                "preexec_fn": _take_controlling_terminal,
+            }  # fmt: skip
+        else:
+            stdin = subprocess.PIPE if args.stdin else subprocess.DEVNULL
+            io = {"stdin": stdin, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         try:
             popen = subprocess.Popen(
                 args.argv,
                 cwd=cwd,
-                env=process_env(acct, {**defaults.env, **args.env}),
-                stdin=subprocess.PIPE if args.stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                env=env,
                 start_new_session=True,  # its own group: signals and the timeout reach all
+                **io,
                 **user_kw,
             )
         except OSError as e:
+            if master is not None:
+                os.close(master)
             raise start_error(e, args.argv, cwd) from None
-        tracked = _Tracked(args, cwd, popen)
+        finally:
+            if terminal is not None:
+                os.close(terminal)  # the process holds it now: EOF when it is gone
+        tracked = _Tracked(args, cwd, popen, pty=master)
         stream = self._streams.open(ctx, args.window)
         tracked.subscribers.append(stream)
         with self._lock:
@@ -170,8 +199,13 @@ class ProcessTable:
             self._streams.close(stream)
 
     def input(self, ctx: Context, args: ProcInputArgs) -> Empty:
-        """Write to its stdin (blocks while the pipe is full). Raises GuestError."""
+        """Write to its stdin, or type into its PTY (blocks while the pipe or the
+        terminal's input queue is full). Raises GuestError."""
         tracked = self._get(args.pid)
+        if tracked.pty is not None:
+            with tracked.stdin_lock:
+                _type_into(tracked, args.data)
+            return Empty()
         with tracked.stdin_lock:
             pipe = self._stdin_of(tracked)
             try:
@@ -185,6 +219,11 @@ class ProcessTable:
 
     def close_stdin(self, ctx: Context, args: PidArgs) -> Empty:
         tracked = self._get(args.pid)
+        if tracked.pty is not None:
+            raise GuestError(
+                ErrorCode.CONFLICT,
+                f"process {args.pid} reads a terminal: send it ^D (\\x04) to end its input",
+            )
         with tracked.stdin_lock:
             pipe = self._stdin_of(tracked)
             try:
@@ -202,6 +241,16 @@ class ProcessTable:
             os.killpg(tracked.pid, args.signal)
         except ProcessLookupError:
             raise GuestError(ErrorCode.NOT_FOUND, f"no such process: {args.pid}") from None
+        return Empty()
+
+    def resize(self, ctx: Context, args: ProcResizeArgs) -> Empty:
+        """Set its PTY's window size. Raises GuestError (conflict: it has no PTY)."""
+        tracked = self._get(args.pid)
+        with tracked.lock:
+            if tracked.ended or tracked.pty is None or tracked.pty_closed:
+                what = "was started without a PTY" if tracked.pty is None else "has ended"
+                raise GuestError(ErrorCode.CONFLICT, f"process {args.pid} {what}")
+            _set_size(tracked.pty, args.size)
         return Empty()
 
     def list_processes(self, ctx: Context, args: Empty) -> ProcListResult:
@@ -233,10 +282,13 @@ class ProcessTable:
         popen = tracked.popen
         sel = selectors.DefaultSelector()
         kinds: dict[int, EventKind] = {}
+        if tracked.pty is not None:
+            kinds[tracked.pty] = EventKind.PTY
         for pipe, kind in ((popen.stdout, EventKind.STDOUT), (popen.stderr, EventKind.STDERR)):
-            assert pipe is not None
-            sel.register(pipe.fileno(), selectors.EVENT_READ)
-            kinds[pipe.fileno()] = kind
+            if pipe is not None:
+                kinds[pipe.fileno()] = kind
+        for fd in kinds:
+            sel.register(fd, selectors.EVENT_READ)
         pidfd = -1
         try:
             pidfd = os.pidfd_open(popen.pid)
@@ -266,7 +318,7 @@ class ProcessTable:
             # A grandchild may still hold the pipes: drain them until it lets go.
             while kinds:
                 for key, _ in sel.select(None):
-                    if key.fd in kinds and not os.read(key.fd, STREAM_READ_BYTES):
+                    if key.fd in kinds and not _read(key.fd):
                         sel.unregister(key.fd)
                         del kinds[key.fd]
         finally:
@@ -276,12 +328,16 @@ class ProcessTable:
             for pipe in (popen.stdout, popen.stderr):
                 if pipe is not None:
                     pipe.close()
+            if tracked.pty is not None:
+                with tracked.stdin_lock, tracked.lock:  # not while typing or resizing
+                    os.close(tracked.pty)
+                    tracked.pty_closed = True
 
     @staticmethod
     def _read_one(
         tracked: _Tracked, sel: selectors.BaseSelector, kinds: dict[int, EventKind], fd: int
     ) -> None:
-        data = os.read(fd, STREAM_READ_BYTES)
+        data = _read(fd)
         if not data:
             sel.unregister(fd)
             del kinds[fd]
@@ -324,6 +380,49 @@ def _select_wait(deadline: float | None, exited_at: float | None, pidfd: int) ->
     if pidfd < 0:
         wait = 0.05 if wait is None else min(wait, 0.05)
     return wait
+
+
+def _read(fd: int) -> bytes:
+    """Up to a chunk of output; b"" at its end (a PTY's master says EIO once the last
+    process holding its terminal is gone)."""
+    try:
+        return os.read(fd, STREAM_READ_BYTES)
+    except OSError as e:
+        if e.errno == errno.EIO:
+            return b""
+        raise
+
+
+def _open_pty(size: PtySize) -> tuple[int, int]:
+    """A new PTY of ``size``: (master, terminal)."""
+    master, terminal = os.openpty()
+    _set_size(terminal, size)
+    return master, terminal
+
+
+def _set_size(fd: int, size: PtySize) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.cols, 0, 0))
+
+
+def _take_controlling_terminal() -> None:
+    """In the child, after ``setsid``: its stdin (the PTY) becomes its controlling
+    terminal, so a shell gets job control and ^C reaches its foreground group."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _type_into(tracked: _Tracked, data: bytes) -> None:
+    """Under ``stdin_lock``."""
+    assert tracked.pty is not None
+    if tracked.pty_closed:
+        raise GuestError(ErrorCode.CONFLICT, f"process {tracked.pid} has ended")
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(tracked.pty, view) :]
+    except OSError:
+        raise GuestError(
+            ErrorCode.CONFLICT, f"process {tracked.pid}'s terminal is closed"
+        ) from None
 
 
 def _kill_group(pid: int) -> None:

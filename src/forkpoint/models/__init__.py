@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from forkpoint.protocol.models import DirEntry as FileEntry
     from forkpoint.protocol.models import ProcessInfo as Process
+    from forkpoint.protocol.models import PtySize
     from forkpoint.protocol.models import SpawnResult as BackgroundProcess
     from forkpoint.protocol.models import StatResult as FileStat
 
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "FileEntry": ("forkpoint.protocol.models", "DirEntry"),
     "Process": ("forkpoint.protocol.models", "ProcessInfo"),
+    "PtySize": ("forkpoint.protocol.models", "PtySize"),
     "BackgroundProcess": ("forkpoint.protocol.models", "SpawnResult"),
     "FileStat": ("forkpoint.protocol.models", "StatResult"),
     "CommandResult": ("forkpoint.models.commands", "CommandResult"),
@@ -126,6 +128,7 @@ __all__ = [
     "ProcessChange",
     "ProcessEvent",
     "ProcessEventKind",
+    "PtySize",
     "Session",
     "SessionState",
     "StateDiff",

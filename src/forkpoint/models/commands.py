@@ -85,13 +85,14 @@ class CommandResult:
         return self.exit_code == 0
 
 
-ProcessEventKind = Literal["start", "stdout", "stderr", "end"]
+ProcessEventKind = Literal["start", "stdout", "stderr", "pty", "end"]
 
 
 @dataclass(frozen=True)
 class ProcessEvent:
     """One event of a process started with ``Runtime.start_process``: ``start`` (first,
-    with the pid), ``stdout``/``stderr`` chunks (``data``), then ``end``: ``exit_code``
+    with the pid), ``stdout``/``stderr`` chunks (``data``; ``pty`` for a process on a
+    PTY: its terminal's output), then ``end``: ``exit_code``
     (128+N when signal N killed it, then ``signal`` is N) and ``error`` as Go's
     ``exec.ExitError`` words it ("exit status 3", "signal: killed"; None for exit 0)."""
 
@@ -117,3 +118,4 @@ class TrackedProcess:
     tag: str | None
     running: bool
     exit_code: int | None
+    pty: bool = False

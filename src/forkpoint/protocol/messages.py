@@ -59,6 +59,7 @@ class EventKind(StrEnum):
 
     STDOUT = "stdout"
     STDERR = "stderr"
+    PTY = "pty"  # a PTY's output (its stdout and stderr are one terminal)
     CHUNK = "chunk"
     START = "start"  # a process started (data: its pid in ASCII) or a tunnel connected
     DATA = "data"  # bytes from the guest end of a tunnel

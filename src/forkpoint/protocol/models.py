@@ -30,8 +30,10 @@ __all__ = [
     "ProcEndResult",
     "ProcInputArgs",
     "ProcListResult",
+    "ProcResizeArgs",
     "ProcSignalArgs",
     "ProcStartArgs",
+    "PtySize",
     "ProcAttachArgs",
     "RenameArgs",
     "StreamCancelArgs",
@@ -106,6 +108,7 @@ class Op(StrEnum):
     PROC_CLOSE_STDIN = "proc_close_stdin"
     PROC_SIGNAL = "proc_signal"
     PROC_LIST = "proc_list"
+    PROC_RESIZE = "proc_resize"  # a PTY's window size
     # flow control and cancellation of a stream (proc_start/proc_attach/tunnel_open)
     STREAM_CREDIT = "stream_credit"
     STREAM_CANCEL = "stream_cancel"
@@ -519,13 +522,27 @@ class RenameArgs:
 
 
 @dataclass(frozen=True, slots=True)
+class PtySize:
+    """A terminal's window: columns and rows."""
+
+    cols: int
+    rows: int
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.cols <= 1000 and 1 <= self.rows <= 1000):
+            raise ValueError("a PTY is 1..1000 columns by 1..1000 rows")
+
+
+@dataclass(frozen=True, slots=True)
 class ProcStartArgs:
     """Start a process the agent owns (see ``guest/processes.py``).
 
     Streams a ``start`` event (data: the pid in ASCII), then ``stdout``/``stderr``, and
     answers with :class:`ProcEndResult`. ``timeout`` (s, None: none) bounds its life, even
     with nobody attached. ``stdin``: keep stdin open for ``proc_input``, else /dev/null.
-    ``user``: run as that user (its groups, HOME, default cwd = its home).
+    ``user``: run as that user (its groups, HOME, default cwd = its home). ``pty``: run
+    on a new pseudo-terminal of that size, its controlling terminal (stdin, stdout and
+    stderr): its output streams as ``pty`` events, ``proc_input`` types into it.
     """
 
     argv: list[str]
@@ -536,6 +553,7 @@ class ProcStartArgs:
     tag: str | None = None
     timeout: float | None = None
     window: int = STREAM_WINDOW_BYTES
+    pty: PtySize | None = None
 
     def __post_init__(self) -> None:
         _check_command(self.argv, None)
@@ -584,6 +602,14 @@ class ProcInputArgs:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcResizeArgs:
+    """Set the window size of a process's PTY (the kernel tells it: SIGWINCH)."""
+
+    pid: int
+    size: PtySize
+
+
+@dataclass(frozen=True, slots=True)
 class ProcSignalArgs:
     """Send signal number ``signal`` to the process's group."""
 
@@ -609,6 +635,7 @@ class TrackedProcessInfo:
     running: bool
     exit_code: int | None = None
     signal: int | None = None
+    pty: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -734,6 +761,7 @@ OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.PROC_CLOSE_STDIN: (PidArgs, Empty),
     Op.PROC_SIGNAL: (ProcSignalArgs, Empty),
     Op.PROC_LIST: (Empty, ProcListResult),
+    Op.PROC_RESIZE: (ProcResizeArgs, Empty),
     Op.STREAM_CREDIT: (StreamCreditArgs, Empty),
     Op.STREAM_CANCEL: (StreamCancelArgs, Empty),
     Op.TUNNEL_OPEN: (TunnelOpenArgs, TunnelEndResult),

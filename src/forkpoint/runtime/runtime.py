@@ -110,6 +110,7 @@ class Runtime(Queries):
         self.start_process = guest.start_process
         self.attach_process = guest.attach_process
         self.send_stdin = guest.send_stdin
+        self.resize_process = guest.resize_process
         self.close_stdin = guest.close_stdin
         self.signal_process = guest.signal_process
         self.list_processes = guest.list_processes

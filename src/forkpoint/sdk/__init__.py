@@ -36,8 +36,18 @@ from forkpoint.sdk._async import (
     AsyncFiles,
     AsyncPorts,
     AsyncSandbox,
+    AsyncTerminal,
+    AsyncTerminals,
 )
-from forkpoint.sdk._sync import Checkpoint, Commands, Files, Ports, Sandbox
+from forkpoint.sdk._sync import (
+    Checkpoint,
+    Commands,
+    Files,
+    Ports,
+    Sandbox,
+    Terminal,
+    Terminals,
+)
 
 __all__ = [
     "AsyncCheckpoint",
@@ -45,6 +55,8 @@ __all__ = [
     "AsyncFiles",
     "AsyncPorts",
     "AsyncSandbox",
+    "AsyncTerminal",
+    "AsyncTerminals",
     "BackgroundProcess",
     "Checkpoint",
     "CheckpointInfo",
@@ -58,4 +70,6 @@ __all__ = [
     "Process",
     "Sandbox",
     "SessionInfo",
+    "Terminal",
+    "Terminals",
 ]

@@ -8,11 +8,11 @@ are :mod:`forkpoint.models`; errors are :mod:`forkpoint.errors` classes.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.errors import ForkpointError, InternalError, InvalidInput
 from forkpoint.models import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MIB,
@@ -24,6 +24,7 @@ from forkpoint.models import (
     HistoryStep,
     Network,
     Process,
+    ProcessEvent,
     Session,
     StateDiff,
 )
@@ -34,7 +35,15 @@ from ._client import ApiClient, command_body
 if TYPE_CHECKING:
     from forkpoint.runtime import Runtime
 
-__all__ = ["AsyncCheckpoint", "AsyncCommands", "AsyncFiles", "AsyncPorts", "AsyncSandbox"]
+__all__ = [
+    "AsyncCheckpoint",
+    "AsyncCommands",
+    "AsyncFiles",
+    "AsyncPorts",
+    "AsyncSandbox",
+    "AsyncTerminal",
+    "AsyncTerminals",
+]
 
 
 class AsyncCommands:
@@ -121,6 +130,106 @@ class AsyncFiles:
         await self._sb._client.remove_file(self._sb.id, path)
 
 
+class AsyncTerminal:
+    """A program on a pseudo-terminal in the sandbox (``sb.terminals.open()``): type into
+    it, resize it, read what it writes. It belongs to the guest, not to this object:
+    :meth:`disconnect` leaves it running (``sb.terminals.connect(pid)`` reads it again),
+    and it survives checkpoints, forks and rollbacks like any process (same PID)."""
+
+    def __init__(
+        self, sandbox: AsyncSandbox, pid: int, events: AsyncIterator[ProcessEvent]
+    ) -> None:
+        self._sb = sandbox
+        self._pid = pid
+        self._events = events
+        self._exit_code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def exit_code(self) -> int | None:
+        """How the program ended (128+N if signal N killed it); None while it runs."""
+        return self._exit_code
+
+    async def send(self, data: bytes | str) -> None:
+        """Type ``data`` (str: UTF-8) into the terminal."""
+        raw = data.encode() if isinstance(data, str) else data
+        await self._sb._client.type_into_terminal(self._sb.id, self._pid, raw)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Set the window size; the program is told (SIGWINCH)."""
+        await self._sb._client.resize_terminal(self._sb.id, self._pid, cols, rows)
+
+    async def read(self) -> bytes | None:
+        """The next output the terminal wrote; None once the program has ended (then
+        :attr:`exit_code` says how)."""
+        async for event in self._events:
+            if event.kind == "end":
+                self._exit_code = event.exit_code
+                return None
+            if event.data:
+                return event.data
+        return None
+
+    async def wait(self, on_output: Callable[[bytes], object] | None = None) -> int:
+        """Read until the program ends (each output to ``on_output``); its exit code."""
+        while (data := await self.read()) is not None:
+            if on_output is not None:
+                on_output(data)
+        if self._exit_code is None:
+            raise InternalError(f"terminal {self._pid}'s stream ended without its exit")
+        return self._exit_code
+
+    async def kill(self) -> None:
+        """End the program (its process group is killed)."""
+        await self._sb._client.close_terminal(self._sb.id, self._pid)
+
+    async def disconnect(self) -> None:
+        """Stop reading; the program runs on."""
+        await self._events.aclose()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"<AsyncTerminal {self._pid} in {self._sb.id}>"
+
+
+class AsyncTerminals:
+    """``sb.terminals``: programs on pseudo-terminals (interactive shells, TUIs)."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+
+    async def open(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        command: Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AsyncTerminal:
+        """Start ``command`` (default: an interactive login shell, ``/bin/bash -i -l``) on
+        a new ``cols`` × ``rows`` terminal, as ``user`` (default root)."""
+        request: dict[str, Any] = {"cols": cols, "rows": rows, "cwd": cwd, "user": user}
+        if command is not None:
+            request["command"] = list(command)
+        if env:
+            request["env"] = dict(env)
+        events = await self._sb._client.open_terminal(self._sb.id, **request)
+        return await self._attached(events)
+
+    async def connect(self, pid: int) -> AsyncTerminal:
+        """Read terminal ``pid`` again (its output from now on, then its end).
+        :raises NotFound: no terminal or process ``pid`` was started by the agent."""
+        return await self._attached(await self._sb._client.connect_terminal(self._sb.id, pid))
+
+    async def _attached(self, events: AsyncIterator[ProcessEvent]) -> AsyncTerminal:
+        start = await anext(aiter(events))  # errors (no such session, pid) raise here
+        return AsyncTerminal(self._sb, start.pid, events)
+
+
 class AsyncPorts:
     """``sb.ports``: guest ports forwarded to the host's 127.0.0.1."""
 
@@ -151,6 +260,7 @@ class AsyncSandbox:
     commands: AsyncCommands
     files: AsyncFiles
     ports: AsyncPorts
+    terminals: AsyncTerminals
 
     def __init__(self, client: ApiClient, info: Session) -> None:
         self._client = client
@@ -160,6 +270,7 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.ports = AsyncPorts(self)
+        self.terminals = AsyncTerminals(self)
 
     # -- construction ------------------------------------------------------------------
 

@@ -21,7 +21,9 @@ ends, so callers see one call that returns the result or raises its error either
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json as json_module
 import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -46,6 +48,7 @@ from forkpoint.models import (
     HistoryStep,
     Port,
     Process,
+    ProcessEvent,
     Session,
     StateDiff,
 )
@@ -104,9 +107,11 @@ class ApiClient:
         from forkpoint.runtime import Runtime
         from forkpoint.server import create_app
 
+        from ._asgi import StreamingASGITransport  # a terminal's output streams in-process too
+
         if runtime is None:
             runtime = self._runtime = Runtime.open()
-        return httpx.ASGITransport(app=create_app(runtime))
+        return StreamingASGITransport(create_app(runtime))
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -296,6 +301,49 @@ class ApiClient:
     async def remove_file(self, session: str, path: str) -> None:
         await self._request("DELETE", f"/sessions/{_seg(session)}/files", params={"path": path})
 
+    # -- terminals -----------------------------------------------------------------------
+
+    async def open_terminal(self, session: str, **request: Any) -> AsyncIterator[ProcessEvent]:
+        """``request``: the fields of :class:`~forkpoint.requests.TerminalRequest`. The
+        events (start first); errors raise from the first ``__anext__``."""
+        url = f"/sessions/{_seg(session)}/terminals"
+        return self._events("POST", url, json=request)
+
+    async def connect_terminal(self, session: str, pid: int) -> AsyncIterator[ProcessEvent]:
+        return self._events("GET", f"/sessions/{_seg(session)}/terminals/{pid}")
+
+    async def type_into_terminal(self, session: str, pid: int, data: bytes) -> None:
+        body = {"data": base64.b64encode(data).decode("ascii")}
+        await self.call("type_into_terminal", session, str(pid), body=body)
+
+    async def resize_terminal(self, session: str, pid: int, cols: int, rows: int) -> None:
+        body = {"cols": cols, "rows": rows}
+        await self.call("resize_terminal", session, str(pid), body=body)
+
+    async def close_terminal(self, session: str, pid: int) -> None:
+        await self.call("close_terminal", session, str(pid))
+
+    async def _events(
+        self, method: str, path: str, *, json: object = None
+    ) -> AsyncIterator[ProcessEvent]:
+        """A streamed NDJSON answer of process events (hanging up detaches)."""
+        try:
+            async with self._http.stream(method, "/v1" + path, json=json) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    try:
+                        payload: object = response.json()
+                    except ValueError:
+                        payload = None
+                    raise error_from_response(response.status_code, payload)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield _process_event(line)
+        except httpx.TransportError as error:
+            raise InternalError(
+                f"cannot reach the forkpoint server at {self.description}: {error}"
+            ) from error
+
     # -- ports and checkpoints ---------------------------------------------------------
 
     async def forward_port(self, session: str, guest_port: int) -> Port:
@@ -351,6 +399,16 @@ def command_body(
         "cwd": cwd,
         "env": dict(env or {}),
     }
+
+
+def _process_event(line: str) -> ProcessEvent:
+    """One line of a terminal's NDJSON stream (see ``server/app.py``)."""
+    fields = json_module.loads(line)
+    data = base64.b64decode(fields.get("data", ""))
+    return ProcessEvent(
+        fields["kind"], fields["pid"], data, exit_code=fields.get("exit_code"),
+        signal=fields.get("signal"), error=fields.get("error"),
+    )  # fmt: skip
 
 
 def _seg(value: str) -> str:

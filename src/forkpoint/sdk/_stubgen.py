@@ -24,6 +24,8 @@ TWINS = {
     "AsyncCommands": "Commands",
     "AsyncFiles": "Files",
     "AsyncPorts": "Ports",
+    "AsyncTerminal": "Terminal",
+    "AsyncTerminals": "Terminals",
 }
 _DUNDERS = {"__aenter__": "__enter__", "__aexit__": "__exit__"}
 _KEPT_DECORATORS = {"classmethod", "staticmethod", "property", "overload"}

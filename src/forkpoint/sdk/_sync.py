@@ -29,9 +29,26 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
-from ._async import AsyncCheckpoint, AsyncCommands, AsyncFiles, AsyncPorts, AsyncSandbox
+from ._async import (
+    AsyncCheckpoint,
+    AsyncCommands,
+    AsyncFiles,
+    AsyncPorts,
+    AsyncSandbox,
+    AsyncTerminal,
+    AsyncTerminals,
+)
 
-__all__ = ["Checkpoint", "Commands", "Files", "Ports", "Sandbox", "SyncTwin"]
+__all__ = [
+    "Checkpoint",
+    "Commands",
+    "Files",
+    "Ports",
+    "Sandbox",
+    "SyncTwin",
+    "Terminal",
+    "Terminals",
+]
 
 T = TypeVar("T")
 
@@ -187,3 +204,11 @@ class Files(SyncTwin, twin_of=AsyncFiles):
 
 class Ports(SyncTwin, twin_of=AsyncPorts):
     """Blocking ``sb.ports`` (generated)."""
+
+
+class Terminal(SyncTwin, twin_of=AsyncTerminal):
+    """Blocking :class:`~forkpoint.sdk.AsyncTerminal` (generated)."""
+
+
+class Terminals(SyncTwin, twin_of=AsyncTerminals):
+    """Blocking ``sb.terminals`` (generated)."""

@@ -1,6 +1,6 @@
 # Generated from _async.py by `python -m forkpoint.sdk._stubgen`: do not edit.
 # The types of the blocking twin that _sync.py builds at import time.
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -57,6 +57,31 @@ class Files(SyncTwin):
     def list(self, path: str) -> list[FileEntry]: ...
     def remove(self, path: str) -> None: ...
 
+class Terminal(SyncTwin):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    def send(self, data: bytes | str) -> None: ...
+    def resize(self, cols: int, rows: int) -> None: ...
+    def read(self) -> bytes | None: ...
+    def wait(self, on_output: Callable[[bytes], object] | None = None) -> int: ...
+    def kill(self) -> None: ...
+    def disconnect(self) -> None: ...
+
+class Terminals(SyncTwin):
+    def open(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        command: Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> Terminal: ...
+    def connect(self, pid: int) -> Terminal: ...
+
 class Ports(SyncTwin):
     def forward(self, guest_port: int) -> str: ...
     def url(self, guest_port: int) -> str | None: ...
@@ -65,6 +90,7 @@ class Sandbox(SyncTwin):
     commands: Commands
     files: Files
     ports: Ports
+    terminals: Terminals
 
     @classmethod
     def create(
@@ -177,4 +203,13 @@ class Checkpoint(SyncTwin):
     def __enter__(self) -> Checkpoint: ...
     def __exit__(self, *exc: Any) -> None: ...
 
-__all__ = ["Checkpoint", "Commands", "Files", "Ports", "Sandbox", "SyncTwin"]
+__all__ = [
+    "Checkpoint",
+    "Commands",
+    "Files",
+    "Ports",
+    "Sandbox",
+    "SyncTwin",
+    "Terminal",
+    "Terminals",
+]

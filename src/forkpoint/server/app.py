@@ -14,8 +14,10 @@ validation to 422, oversized bodies to 413, a missing/wrong token to 401.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import inspect
+import json
 import math
 import signal as signals
 import tempfile
@@ -47,12 +49,15 @@ from forkpoint.models import (
     Health,
     Operation,
     OperationKind,
+    ProcessEvent,
+    PtySize,
 )
 from forkpoint.requests import (
     BackgroundExecRequest,
     ExecRequest,
     GuestPath,
     Ref,
+    TerminalRequest,
     describe_invalid,
 )
 from forkpoint.runtime import Runtime
@@ -354,6 +359,32 @@ def _router(
         await runtime.kill_process(session_id, pid, int(signal) if signal.isdigit() else signal)
         return Response(status_code=204)
 
+    # -- terminals (their output streams: NDJSON) --------------------------------------
+
+    @r.post(
+        "/sessions/{session_id}/terminals",
+        response_class=StreamingResponse,
+        responses={200: {"content": {_NDJSON: {}}, "description": _TERMINAL_EVENTS}},
+        tags=["terminals"],
+        summary="Open a terminal: a program on a new PTY, its output streamed",
+    )
+    async def open_terminal(session_id: SessionId, body: TerminalRequest) -> StreamingResponse:
+        events = runtime.start_process(
+            session_id, body.command[0], body.command[1:], cwd=body.cwd, env=body.env,
+            user=body.user, pty=PtySize(body.cols, body.rows),
+        )  # fmt: skip
+        return await _event_stream(events)
+
+    @r.get(
+        "/sessions/{session_id}/terminals/{pid}",
+        response_class=StreamingResponse,
+        responses={200: {"content": {_NDJSON: {}}, "description": _TERMINAL_EVENTS}},
+        tags=["terminals"],
+        summary="Connect to a terminal: its output from now on, then its end",
+    )
+    async def connect_terminal(session_id: SessionId, pid: Pid) -> StreamingResponse:
+        return await _event_stream(runtime.attach_process(session_id, pid))
+
     # -- files -------------------------------------------------------------------------
 
     @r.get(
@@ -463,7 +494,45 @@ _SESSION_TARGETS = {
 }
 
 
-_ID_PARAMS = {"session_id": SessionId, "checkpoint_id": CheckpointId}
+Pid = Annotated[int, PathParam(ge=1, le=1 << 22, description="The process id in the guest.")]
+_ID_PARAMS = {"session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid}
+
+
+_NDJSON = "application/x-ndjson"
+_TERMINAL_EVENTS = (
+    'One JSON object per line: {"kind": "start", "pid": N} first, then {"kind": "pty", '
+    '"data": <base64>} as the terminal writes, then {"kind": "end", "exit_code": N, '
+    '"signal": N|null, "error": str|null}. Hanging up detaches: the program runs on.'
+)
+
+
+async def _event_stream(events: AsyncIterator[ProcessEvent]) -> StreamingResponse:
+    """``events`` as NDJSON; its first (the start) is awaited here, so that a missing
+    session, program or pid is an error answer, not a broken 200."""
+    try:
+        first = await anext(events)
+    except BaseException:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            yield _event_line(first)
+            async for event in events:
+                yield _event_line(event)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(lines(), media_type=_NDJSON)
+
+
+def _event_line(event: ProcessEvent) -> bytes:
+    line: dict[str, Any] = {"kind": event.kind, "pid": event.pid}
+    if event.kind == "end":
+        line |= {"exit_code": event.exit_code, "signal": event.signal, "error": event.error}
+    elif event.kind != "start":
+        line["data"] = base64.b64encode(event.data).decode("ascii")
+    return json.dumps(line).encode() + b"\n"
 
 
 def _keyword(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> Any:

@@ -16,7 +16,7 @@ from typing import Protocol
 from forkpoint.agent_client import AgentClient
 from forkpoint.agent_client.processes import ProcessStream
 from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
-from forkpoint.models import ProcessEvent, TrackedProcess
+from forkpoint.models import ProcessEvent, ProcessEventKind, TrackedProcess
 from forkpoint.protocol import EventKind, ProcEndResult, TrackedProcessInfo
 
 __all__ = [
@@ -46,6 +46,13 @@ def end_error(exit_code: int | None, signal: int | None) -> str | None:
     return None
 
 
+_OUTPUT: dict[EventKind, ProcessEventKind] = {
+    EventKind.STDOUT: "stdout",
+    EventKind.STDERR: "stderr",
+    EventKind.PTY: "pty",
+}
+
+
 async def _events(stream: ProcessStream) -> AsyncIterator[ProcessEvent]:
     """start, output, end; detaches if the consumer stops early."""
     try:
@@ -53,8 +60,8 @@ async def _events(stream: ProcessStream) -> AsyncIterator[ProcessEvent]:
         yield ProcessEvent("start", pid)
         while (item := await stream.next()) is not None:
             kind, data = item
-            if kind in (EventKind.STDOUT, EventKind.STDERR):
-                yield ProcessEvent("stdout" if kind == EventKind.STDOUT else "stderr", pid, data)
+            if kind in _OUTPUT:
+                yield ProcessEvent(_OUTPUT[kind], pid, data)
         end: ProcEndResult = stream.end()
         if end.ended:
             yield ProcessEvent(
@@ -79,7 +86,7 @@ def tracked_process(info: TrackedProcessInfo) -> TrackedProcess:
     return TrackedProcess(
         pid=info.pid, cmd=info.argv[0], args=tuple(info.argv[1:]), cwd=info.cwd,
         env=tuple(sorted(info.env.items())), tag=info.tag, running=info.running,
-        exit_code=info.exit_code,
+        exit_code=info.exit_code, pty=info.pty,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from forkpoint.models import (
     OutputEncoding,
     Process,
     ProcessEvent,
+    PtySize,
     TrackedProcess,
 )
 from forkpoint.runtime.guest import processes
@@ -158,6 +159,7 @@ class Guest:
         stdin: bool = False,
         tag: str | None = None,
         timeout: float | None = None,
+        pty: PtySize | None = None,
     ) -> AsyncIterator[ProcessEvent]:
         """Start ``cmd args`` in the guest: events ``start`` (the pid, first), then
         ``stdout``/``stderr`` as produced, then ``end``.
@@ -165,13 +167,22 @@ class Guest:
         Closing the iterator early does not kill it (``attach_process`` resumes).
         ``timeout`` (s; None/0: none) bounds its life, attached or not: its process group
         is killed. ``user``: run as that guest user (HOME, USER, groups; cwd defaults to
-        its home); None: root. ``stdin``: keep stdin open for ``send_stdin``.
+        its home); None: root. ``stdin``: keep stdin open for ``send_stdin``. ``pty``: on
+        a pseudo-terminal of that size, its controlling terminal: its output comes as
+        ``pty`` events, ``send_stdin`` types into it, ``resize_process`` resizes it.
         :raises NotFound: no such command, cwd or user (from the first ``__anext__``).
         """
         return processes.process_events(
             self.link.agent(session),
             lambda agent: agent.start_process(
-                [cmd, *args], cwd=cwd, env=env, user=user, stdin=stdin, tag=tag, timeout=timeout
+                [cmd, *args],
+                cwd=cwd,
+                env=env,
+                user=user,
+                stdin=stdin,
+                tag=tag,
+                timeout=timeout,
+                pty=pty,
             ),
         )
 
@@ -191,6 +202,12 @@ class Guest:
         """:raises NotFound: :raises Conflict: started without stdin."""
         async with self.link.agent(session) as agent:
             await agent.close_stdin(pid)
+
+    async def resize_process(self, session: str, pid: int, size: PtySize) -> None:
+        """Set the window size of a ``start_process`` process's PTY.
+        :raises NotFound: :raises Conflict: it has no PTY, or it has ended."""
+        async with self.link.agent(session) as agent:
+            await agent.resize_process(pid, size)
 
     async def signal_process(self, session: str, pid: int, signal: int | str) -> None:
         """Signal the process group of a ``start_process`` process (number or "KILL").
