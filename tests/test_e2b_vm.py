@@ -242,8 +242,11 @@ def test_files(sbx: Sandbox) -> None:
     assert sbx.files.exists("notes/a.txt") and not sbx.files.exists("notes/nope")
     assert sbx.files.make_dir("/home/user/d") is True
     assert sbx.files.make_dir("/home/user/d") is False
+    written = sbx.files.write("notes/a.txt", "hello", metadata={"author": "mish"})
+    assert written.metadata == {"author": "mish"}  # envd 0.6.2: extended attributes
+    assert sbx.files.get_info("notes/a.txt").metadata == {"author": "mish"}
     moved = sbx.files.rename("notes/a.txt", "/home/user/d/b.txt")
-    assert moved.path == "/home/user/d/b.txt"
+    assert moved.path == "/home/user/d/b.txt" and moved.metadata == {"author": "mish"}
     sbx.files.remove("/home/user/d")
     assert not sbx.files.exists("/home/user/d")
     with pytest.raises(NotFoundException):

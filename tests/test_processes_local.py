@@ -14,7 +14,7 @@ import pytest
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.agent_client.processes import ProcessStream
-from forkpoint.errors import Conflict, NotFound
+from forkpoint.errors import Conflict, InvalidInput, NotFound
 from forkpoint.protocol import EventKind, PtySize
 from test_agent_local import LocalAgent, guest_root, process_gone, run, wait_until
 
@@ -231,6 +231,29 @@ def test_file_ops_owner_depth_make_dir_rename(tmp_path: Path, guest_root: Path) 
             await c.rename(str(root / "missing"), str(root / "x"))
         with pytest.raises(NotFound, match="no such user"):
             await c.make_dir(str(root / "c"), user="nosuchuser")
+
+    run(tmp_path, guest_root, body)
+
+
+def test_file_metadata_is_kept_listed_renamed_and_replaced_by_a_write(
+    tmp_path: Path, guest_root: Path
+) -> None:
+    async def body(agent: LocalAgent, c: AgentClient) -> None:
+        path = str(tmp_path / "m.txt")
+        await c.write_file(path, b"one", metadata={"Author": "mish", "purpose": "up load"})
+        assert os.getxattr(path, "user.e2b.author") == b"mish"  # E2B's attribute names
+        expected = {"author": "mish", "purpose": "up load"}
+        assert (await c.stat(path)).metadata == expected
+        listed = {e.name: e for e in await c.list_dir(str(tmp_path))}
+        assert listed["m.txt"].metadata == expected
+        await c.rename(path, str(tmp_path / "n.txt"))
+        assert (await c.stat(str(tmp_path / "n.txt"))).metadata == expected
+        await c.write_file(str(tmp_path / "n.txt"), b"two")  # a new file: no old metadata
+        assert (await c.stat(str(tmp_path / "n.txt"))).metadata is None
+        with pytest.raises(InvalidInput, match="metadata key"):
+            await c.write_file(path, b"x", metadata={"bad key": "v"})
+        with pytest.raises(InvalidInput, match="printable"):
+            await c.write_file(path, b"x", metadata={"k": "caf\u00e9"})
 
     run(tmp_path, guest_root, body)
 

@@ -354,9 +354,15 @@ def test_a_terminal_is_resized_and_lives_on_in_a_fork_at_the_same_pid(vm_ready: 
 
 @pytest.mark.vm
 @pytest.mark.timeout(600)
-def test_a_terminal_over_the_rest_api(api: str, vm_ready: None) -> None:
-    """The same through a real server: the NDJSON stream arrives as the guest writes."""
+def test_a_terminal_and_file_metadata_over_the_rest_api(api: str, vm_ready: None) -> None:
+    """Through a real server: a terminal's NDJSON stream arrives as the guest writes; a
+    file's metadata is stored with it and listed."""
     with Sandbox.create(base_url=api) as sb:
+        sb.files.write("/srv/m.txt", "x", metadata={"Author": "mish"})
+        (entry,) = [e for e in sb.files.list("/srv") if e.name == "m.txt"]
+        assert entry.metadata == {"author": "mish"}
+        with pytest.raises(InvalidInput, match="metadata key"):
+            sb.files.write("/srv/m.txt", "x", metadata={"no spaces": "v"})
         term = sb.terminals.open(command=["/bin/sh", "-c", "read line; echo got-$line; exit 4"])
         term.send("forkpoint\n")
         output: list[bytes] = []

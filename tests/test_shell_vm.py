@@ -37,6 +37,7 @@ def _read_until(fd: int, needle: bytes, timeout_s: float = 120) -> bytes:
 def test_shell_is_a_terminal_of_the_local_size_that_follows_a_resize() -> None:
     session = cli_json("create")["id"]
     master, terminal = os.openpty()
+    proc: subprocess.Popen[bytes] | None = None
     try:
         _set_size(terminal, 100, 30)
         proc = subprocess.Popen(
@@ -46,6 +47,7 @@ def test_shell_is_a_terminal_of_the_local_size_that_follows_a_resize() -> None:
             env={**os.environ, "TERM": "xterm"},
         )  # fmt: skip
         os.close(terminal)
+        _read_until(master, b"# ")  # a shell taking its terminal may flush what was typed ahead
         os.write(master, b"stty size; echo $TERM; echo $((6*7))x\n")
         seen = _read_until(master, b"42x")  # the echo of the line shows $((6*7))
         assert b"30 100" in seen and b"xterm" in seen
@@ -56,6 +58,9 @@ def test_shell_is_a_terminal_of_the_local_size_that_follows_a_resize() -> None:
         os.write(master, b"exit 7\n")
         assert proc.wait(timeout=120) == 7
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         os.close(master)
         remove_sessions(session)
     # Without a terminal: one line, exit 2, nothing started.

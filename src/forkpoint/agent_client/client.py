@@ -584,15 +584,20 @@ class AgentClient:
         mode: int = 0o644,
         make_parents: bool = True,
         user: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> int:
         """Write ``data`` (bytes, or a binary file object read chunk by chunk) to ``path``.
 
         Atomic: the agent writes a temp file next to ``path`` and renames it on success.
         Chunks are pipelined, memory stays bounded on both sides. Returns bytes written.
         ``user``: the file, and the parents it creates, belong to that guest user.
+        ``metadata``: stored on the file (extended attributes; stat and list return it).
         Raises InvalidInput if ``path`` is a directory or not absolute.
         """
-        begin = _model(WriteBeginArgs, path=path, mode=mode, make_parents=make_parents, user=user)
+        begin = _model(
+            WriteBeginArgs, path=path, mode=mode, make_parents=make_parents, user=user,
+            metadata=dict(metadata) if metadata else None,
+        )  # fmt: skip
         handle = (await self._simple(Op.WRITE_BEGIN, begin, WriteBeginResult)).handle
         in_flight: set[asyncio.Task[Response]] = set()
         size = 0

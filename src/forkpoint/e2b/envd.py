@@ -69,7 +69,7 @@ def _signed_sandbox(sandboxes: Sandboxes, request: Request, op: str) -> Sandbox:
     params = request.query_params
     signature, expiration = params.get("signature", ""), params.get("signature_expiration")
     if expiration and (not expiration.isdigit() or int(expiration) < time.time()):
-        raise _Denied(401, "the signed URL has expired")
+        raise _Denied(401, "signature is already expired")  # envd's words
     path, user = params.get("path", ""), params.get("username", "")
     for sandbox in sandboxes.all():
         expected = _signature(path, op, user, sandbox.record.access_token, expiration)

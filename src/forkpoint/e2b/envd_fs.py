@@ -1,15 +1,19 @@
 """envd's ``filesystem.Filesystem`` service (unary calls) on the runtime's file operations.
 
-Entries are E2B's ``EntryInfo``; owners are names (``user`` for uid 1000, ``root`` for 0).
+Entries are E2B's ``EntryInfo``; owners are names (``user`` for uid 1000, ``root`` for 0);
+a file's metadata (its ``user.e2b.*`` extended attributes) comes along.
 Watchers answer ``unimplemented``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import stat as stat_mod
 from datetime import UTC, datetime
 from typing import Any
+
+from forkpoint.errors import NotFound
 
 from .connect import ConnectError
 from .context import EnvdCall
@@ -59,12 +63,27 @@ def entry_info(path: str, entry: Any) -> dict[str, Any]:
     target = getattr(entry, "target", None)
     if target:
         info["symlinkTarget"] = target
+    metadata = getattr(entry, "metadata", None)
+    if metadata:
+        info["metadata"] = dict(metadata)
     return info
 
 
 async def _stat_entry(call: EnvdCall, path: str) -> dict[str, Any]:
+    """``path``'s entry; a symlink as envd tells it: what it points to (type, size, ...)
+    with ``symlinkTarget`` the absolute path of the target (a dangling one as a link)."""
     result = await call.runtime.stat(call.sandbox_id, path, follow_symlinks=False)
-    return entry_info(path, result)
+    if result.type != "symlink" or not result.target:
+        return entry_info(path, result)
+    try:
+        target = await call.runtime.stat(call.sandbox_id, path)
+    except NotFound:
+        return entry_info(path, result)
+    info = entry_info(path, target)
+    info["symlinkTarget"] = posixpath.normpath(
+        posixpath.join(posixpath.dirname(path), result.target)
+    )
+    return info
 
 
 async def _stat(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +116,9 @@ async def _move(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _remove(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
-    await call.runtime.remove_file(call.sandbox_id, _path(message))
+    """Removing a path that is not there succeeds, as envd's does."""
+    with contextlib.suppress(NotFound):
+        await call.runtime.remove_file(call.sandbox_id, _path(message))
     return {}
 
 

@@ -20,6 +20,7 @@ from forkpoint.models import PtySize
 
 from .connect import ConnectError, end_stream, envelope, read_envelopes
 from .context import EnvdCall, connect_error
+from .files import guest_path
 
 if TYPE_CHECKING:
     from forkpoint.models import ProcessEvent, TrackedProcess
@@ -82,8 +83,23 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
+def _stream_error(sandbox_id: str, error: BaseException) -> ConnectError:
+    """How a started stream ends on ``error``: a sandbox removed (killed) meanwhile is
+    envd's ``unavailable`` "ended before the stream completed" — the SDK then probes the
+    sandbox and tells its user it was killed."""
+    if isinstance(error, NotFound):
+        return ConnectError(
+            "unavailable", f"the connection to sandbox {sandbox_id} ended before the stream "
+            "completed",
+        )  # fmt: skip
+    return connect_error(error)
+
+
 async def _pump(
-    events: AsyncIterator[ProcessEvent], keepalive_s: float, first: ProcessEvent | None = None
+    events: AsyncIterator[ProcessEvent],
+    keepalive_s: float,
+    first: ProcessEvent,
+    sandbox_id: str,
 ) -> AsyncIterator[bytes]:
     """Envelopes for ``events``, with a keepalive after each ``keepalive_s`` of silence.
 
@@ -105,8 +121,7 @@ async def _pump(
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
-    if first is not None:
-        yield envelope(_event(first))
+    yield envelope(_event(first))
     task = asyncio.create_task(feed())
     try:
         while True:
@@ -119,7 +134,7 @@ async def _pump(
                 yield end_stream()
                 return
             if isinstance(item, BaseException):
-                yield end_stream(connect_error(item))
+                yield end_stream(_stream_error(sandbox_id, item))
                 return
             yield envelope(_event(item))
     finally:
@@ -149,7 +164,7 @@ async def streaming(call: EnvdCall, method: str, message: dict[str, Any]) -> Asy
         raise connect_error(error) from None
     except ForkpointError as error:
         raise connect_error(error) from None
-    return _pump(events, keepalive, first)
+    return _pump(events, keepalive, first, call.sandbox_id)
 
 
 async def _start(call: EnvdCall, message: dict[str, Any]) -> AsyncIterator[ProcessEvent]:
@@ -164,7 +179,8 @@ async def _start(call: EnvdCall, message: dict[str, Any]) -> AsyncIterator[Proce
     env = {**call.sandbox.record.env_vars, **{str(k): str(v) for k, v in envs.items()}}
     return call.runtime.start_process(
         call.sandbox_id, str(config["cmd"]), tuple(str(a) for a in args),
-        cwd=config.get("cwd") or None, env=env, user=call.user,
+        cwd=guest_path(str(config["cwd"]), call.user) if config.get("cwd") else None, env=env,
+        user=call.user,
         stdin=bool(message.get("stdin", False)), tag=message.get("tag") or None,
         timeout=call.deadline_s, pty=_pty_size(pty) if pty else None,
     )  # fmt: skip

@@ -24,6 +24,7 @@ __all__ = ["download", "envd_http_error", "upload"]
 
 _SPOOL_BYTES = 8 << 20
 _CHUNK = 256 * 1024
+_METADATA_HEADER = "x-metadata-"
 
 
 def envd_http_error(status: int, message: str) -> JSONResponse:
@@ -68,22 +69,40 @@ async def download(call: EnvdCall, path: str | None) -> Response:
 
 async def upload(call: EnvdCall, request: Request, path: str | None) -> Response:
     content_type = request.headers.get("content-type", "")
+    metadata = _metadata_of(request)
     try:
         if content_type.startswith("multipart/form-data"):
-            written = await _multipart(call, request, path)
+            written = await _multipart(call, request, path, metadata)
         else:
-            written = [await _raw(call, request, guest_path(path, call.user))]
+            written = [await _raw(call, request, guest_path(path, call.user), metadata)]
     except ForkpointError as error:
         return _error(error)
     return JSONResponse(written)
 
 
-async def _write(call: EnvdCall, target: str, data: IO[bytes]) -> dict[str, Any]:
-    await call.runtime.write_file(call.sandbox_id, target, data, user=call.user)
-    return {"path": target, "name": posixpath.basename(target), "type": "file"}
+def _metadata_of(request: Request) -> dict[str, str] | None:
+    """The ``X-Metadata-<key>`` headers of an upload (envd ≥ 0.6.2), keys lowercased."""
+    found = {
+        name[len(_METADATA_HEADER) :].lower(): value
+        for name, value in request.headers.items()
+        if name.lower().startswith(_METADATA_HEADER)
+    }
+    return found or None
 
 
-async def _multipart(call: EnvdCall, request: Request, path: str | None) -> list[dict[str, Any]]:
+async def _write(
+    call: EnvdCall, target: str, data: IO[bytes], metadata: dict[str, str] | None
+) -> dict[str, Any]:
+    await call.runtime.write_file(call.sandbox_id, target, data, user=call.user, metadata=metadata)
+    written: dict[str, Any] = {"path": target, "name": posixpath.basename(target), "type": "file"}
+    if metadata:
+        written["metadata"] = metadata
+    return written
+
+
+async def _multipart(
+    call: EnvdCall, request: Request, path: str | None, metadata: dict[str, str] | None
+) -> list[dict[str, Any]]:
     form = await request.form(max_files=10_000, max_fields=10_000, max_part_size=1 << 30)
     try:
         parts = [p for p in form.getlist("file") if isinstance(p, UploadFile)]
@@ -92,14 +111,16 @@ async def _multipart(call: EnvdCall, request: Request, path: str | None) -> list
         if path is not None and len(parts) > 1:
             raise InvalidInput("a path query names one file; several parts need no path")
         return [
-            await _write(call, guest_path(path or part.filename, call.user), part.file)
+            await _write(call, guest_path(path or part.filename, call.user), part.file, metadata)
             for part in parts
         ]
     finally:
         await form.close()
 
 
-async def _raw(call: EnvdCall, request: Request, target: str) -> dict[str, Any]:
+async def _raw(
+    call: EnvdCall, request: Request, target: str, metadata: dict[str, str] | None
+) -> dict[str, Any]:
     gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
@@ -108,4 +129,4 @@ async def _raw(call: EnvdCall, request: Request, target: str) -> dict[str, Any]:
         if inflate:
             spool.write(inflate.flush())
         spool.seek(0)
-        return await _write(call, target, spool)
+        return await _write(call, target, spool, metadata)

@@ -69,6 +69,7 @@ class _Upload:
     mode: int
     generation: int
     owner: Account | None = None
+    metadata: dict[str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
 
@@ -119,7 +120,7 @@ class FileOps:
             dir=parent, prefix=f".{os.path.basename(args.path)}.", suffix=".fpupload"
         )
         handle = uuid.uuid4().hex
-        upload = _Upload(args.path, tmp_path, fd, args.mode, ctx.generation, owner)
+        upload = _Upload(args.path, tmp_path, fd, args.mode, ctx.generation, owner, args.metadata)
         with self._lock:
             self._uploads[handle] = upload
         return WriteBeginResult(handle=handle)
@@ -161,6 +162,8 @@ class FileOps:
                 if upload.owner is not None:
                     os.fchown(upload.fd, upload.owner.uid, upload.owner.gid)
                 os.fchmod(upload.fd, upload.mode)
+                for key, value in (upload.metadata or {}).items():
+                    os.setxattr(upload.fd, METADATA_XATTR + key.lower(), value.encode())
                 os.replace(upload.tmp_path, upload.path)
             except BaseException:
                 upload.discard()
@@ -231,6 +234,7 @@ class FileOps:
             owner=names.owner(st.st_uid),
             group=names.group(st.st_gid),
             target=_link_target(args.path, st),
+            metadata=_metadata(args.path, st),
         )
 
     def make_dir(self, ctx: Context, args: MakeDirArgs) -> MakeDirResult:
@@ -312,6 +316,23 @@ class _Names:
         return self._groups[gid]
 
 
+#: The extended attributes that hold a file's metadata (E2B's convention).
+METADATA_XATTR = "user.e2b."
+
+
+def _metadata(path: str, st: os.stat_result) -> dict[str, str] | None:
+    """The file's ``user.e2b.*`` attributes; None without any (or where the filesystem
+    has no user attributes, or on a symlink, which cannot carry them)."""
+    if stat_mod.S_ISLNK(st.st_mode):
+        return None
+    try:
+        names = [n for n in os.listxattr(path) if n.startswith(METADATA_XATTR)]
+        found = {n[len(METADATA_XATTR) :]: os.getxattr(path, n).decode() for n in names}
+    except OSError:
+        return None
+    return found or None
+
+
 def _link_target(path: str, st: os.stat_result) -> str | None:
     if not stat_mod.S_ISLNK(st.st_mode):
         return None
@@ -332,4 +353,5 @@ def _entry(path: str, name: str, st: os.stat_result, names: _Names) -> DirEntry:
         owner=names.owner(st.st_uid),
         group=names.group(st.st_gid),
         target=_link_target(path, st),
+        metadata=_metadata(path, st),
     )

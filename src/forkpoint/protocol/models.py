@@ -8,6 +8,7 @@ BadArguments) so both sides refuse the same things.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -55,6 +56,7 @@ __all__ = [
     "ScanResult",
     "ReadFileArgs",
     "ReadFileResult",
+    "check_metadata",
     "RemoveArgs",
     "RemoveResult",
     "RestoreIdentityArgs",
@@ -149,6 +151,23 @@ def _check_env(env: dict[str, str]) -> None:
 def _check_user(user: str | None) -> None:
     if user is not None and not _USER_RE.match(user):
         raise ValueError(f"invalid user name: {user!r}")
+
+
+_METADATA_KEY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+_METADATA_VALUE_RE = re.compile(r"^[\x20-\x7e]{0,4000}$")
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> None:
+    """Keys: letters, digits, ``_.-``; values: printable US-ASCII (what E2B's SDK allows,
+    and what fits in the ``X-Metadata-<key>`` headers that carry them).
+
+    :raises ValueError:
+    """
+    for key, value in (metadata or {}).items():
+        if not _METADATA_KEY_RE.match(key):
+            raise ValueError(f"invalid metadata key {key!r}: use letters, digits, '_', '.', '-'")
+        if not _METADATA_VALUE_RE.match(value):
+            raise ValueError(f"invalid metadata value for {key!r}: printable US-ASCII only")
 
 
 def _check_window(window: int) -> None:
@@ -304,12 +323,16 @@ class WriteBeginArgs:
     mode: int = 0o644
     make_parents: bool = True
     user: str | None = None  # the file (and parents it creates) belong to this user
+    #: Stored on the file as ``user.e2b.<key>`` extended attributes (keys lowercased); a
+    #: write replaces the file, so its old metadata goes with it.
+    metadata: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         _check_path(self.path)
         if not 0 <= self.mode <= 0o7777:
             raise ValueError("mode must be between 0 and 0o7777")
         _check_user(self.user)
+        check_metadata(self.metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +394,7 @@ class DirEntry:
     owner: str | None = None
     group: str | None = None
     target: str | None = None
+    metadata: dict[str, str] | None = None  # its ``user.e2b.*`` extended attributes
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +423,7 @@ class StatResult:
     owner: str | None = None  # as in DirEntry
     group: str | None = None
     target: str | None = None
+    metadata: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

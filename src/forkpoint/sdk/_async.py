@@ -29,6 +29,7 @@ from forkpoint.models import (
     StateDiff,
 )
 from forkpoint.models import Checkpoint as CheckpointInfo  # `Checkpoint` is the sync twin
+from forkpoint.protocol.models import check_metadata
 
 from ._client import ApiClient, command_body
 
@@ -116,10 +117,23 @@ class AsyncFiles:
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
         return (await self.read(path)).decode(encoding)
 
-    async def write(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Write (atomically replace) a file; parent directories are created."""
+    async def write(
+        self,
+        path: str,
+        data: bytes | str,
+        mode: int = 0o644,
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Write (atomically replace) a file; parent directories are created. ``metadata``
+        (keys: letters, digits, ``_.-``, lowercased; values: printable ASCII) is kept on
+        the file until it is written again; :meth:`list` shows it."""
+        try:
+            check_metadata(metadata)  # before it becomes headers
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        await self._sb._client.write_file(self._sb.id, path, payload, mode)
+        await self._sb._client.write_file(self._sb.id, path, payload, mode, metadata)
 
     async def list(self, path: str) -> list[FileEntry]:
         """Entries of a directory, sorted by name."""

@@ -56,7 +56,11 @@ from forkpoint.models import (
 if TYPE_CHECKING:
     from forkpoint.runtime import Runtime
 
-__all__ = ["ApiClient", "error_from_response"]
+__all__ = ["METADATA_HEADER", "ApiClient", "error_from_response"]
+
+#: A file's metadata travels as ``X-Metadata-<key>: <value>`` headers of its upload (as
+#: E2B's envd takes it).
+METADATA_HEADER = "X-Metadata-"
 
 T = TypeVar("T")
 
@@ -144,11 +148,11 @@ class ApiClient:
 
     async def _request(
         self, method: str, path: str, *, json: object = None, content: bytes | None = None,
-        params: Mapping[str, str | int] | None = None,
+        params: Mapping[str, str | int] | None = None, headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:  # fmt: skip
         try:
             response = await self._http.request(
-                method, "/v1" + path, json=json, content=content, params=params
+                method, "/v1" + path, json=json, content=content, params=params, headers=headers
             )
         except httpx.TransportError as error:
             raise InternalError(
@@ -290,9 +294,15 @@ class ApiClient:
         url = f"/sessions/{_seg(session)}/files"
         return (await self._request("GET", url, params={"path": path})).content
 
-    async def write_file(self, session: str, path: str, data: bytes, mode: int) -> None:
+    async def write_file(
+        self, session: str, path: str, data: bytes, mode: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         url = f"/sessions/{_seg(session)}/files"
-        await self._request("PUT", url, content=data, params={"path": path, "mode": mode})
+        headers = {f"{METADATA_HEADER}{key}": value for key, value in (metadata or {}).items()}
+        await self._request(
+            "PUT", url, content=data, params={"path": path, "mode": mode}, headers=headers
+        )
 
     async def list_files(self, session: str, path: str) -> list[FileEntry]:
         url = f"/sessions/{_seg(session)}/files/list"

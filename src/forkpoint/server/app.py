@@ -414,6 +414,8 @@ def _router(
         openapi_extra={"requestBody": {"required": True, "content": _OCTETS}},
         tags=["files"],
         summary=f"Write a file (raw body, at most {max_upload_bytes} bytes)",
+        description="Headers `X-Metadata-<key>: <value>` store metadata on the file (keys: "
+        "letters, digits, `_.-`, lowercased; values: printable ASCII); listing shows it.",
         responses={**_STEP, 204: {"links": _written_file_links()}},
     )
     async def write_file(
@@ -423,6 +425,11 @@ def _router(
         mode: Annotated[int, Query(ge=0, le=0o7777, description="Permission bits.")] = 0o644,
     ) -> Response:
         await asyncio.to_thread(runtime.get, session_id)  # 404 before reading a large body
+        metadata = {
+            name[len(_METADATA_HEADER) :]: value
+            for name, value in request.headers.items()
+            if name.lower().startswith(_METADATA_HEADER)
+        }
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES) as spool:
             size = 0
             async for chunk in request.stream():
@@ -431,7 +438,7 @@ def _router(
                     raise BodyTooLarge(max_upload_bytes)
                 spool.write(chunk)
             spool.seek(0)
-            await runtime.write_file(session_id, path, spool, mode=mode)
+            await runtime.write_file(session_id, path, spool, mode=mode, metadata=metadata)
         return Response(status_code=204)
 
     @r.delete("/sessions/{session_id}/files", status_code=204, tags=["files"], responses=_STEP)
@@ -499,6 +506,8 @@ _ID_PARAMS = {"session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid
 
 
 _NDJSON = "application/x-ndjson"
+# A file's metadata: ``X-Metadata-<key>: <value>`` headers of its upload (as envd's).
+_METADATA_HEADER = "x-metadata-"
 _TERMINAL_EVENTS = (
     'One JSON object per line: {"kind": "start", "pid": N} first, then {"kind": "pty", '
     '"data": <base64>} as the terminal writes, then {"kind": "end", "exit_code": N, '

@@ -101,12 +101,15 @@ class Guest:
         mode: int = 0o644,
         *,
         user: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Write a guest file (parents created; streamed when ``data`` is a file).
-        ``user``: the file and the parents it creates belong to that guest user."""
+        ``user``: the file and the parents it creates belong to that guest user.
+        ``metadata``: kept on the file (``stat``/``list_files`` return it) until it is
+        written again. :raises InvalidInput: a bad key or value."""
         await self.steps.record(session, f"write {path}")
         async with self.link.agent(session) as agent:
-            await agent.write_file(path, data, mode=mode, user=user)
+            await agent.write_file(path, data, mode=mode, user=user, metadata=metadata)
 
     async def list_files(self, session: str, path: str, *, depth: int = 1) -> list[FileEntry]:
         """Entries sorted by path; ``depth`` 2 adds the subdirectories' entries, ..."""
