@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import signal as signals
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,7 @@ async def _pump(
     keepalive_s: float,
     first: ProcessEvent,
     sandbox_id: str,
+    deadline_s: float | None = None,
 ) -> AsyncIterator[bytes]:
     """Envelopes for ``events``, with a keepalive after each ``keepalive_s`` of silence.
 
@@ -122,6 +124,7 @@ async def _pump(
                 await events.aclose()  # type: ignore[attr-defined]
 
     yield envelope(_event(first))
+    started = time.monotonic()
     task = asyncio.create_task(feed())
     try:
         while True:
@@ -136,11 +139,25 @@ async def _pump(
             if isinstance(item, BaseException):
                 yield end_stream(_stream_error(sandbox_id, item))
                 return
+            if _killed_at_deadline(item, started, deadline_s):
+                # envd ends the stream with the deadline, not with the kill it caused.
+                yield end_stream(ConnectError("deadline_exceeded", "context deadline exceeded"))
+                return
             yield envelope(_event(item))
     finally:
         task.cancel()
         with contextlib.suppress(BaseException):
             await task
+
+
+def _killed_at_deadline(event: ProcessEvent, started: float, deadline_s: float | None) -> bool:
+    """A Start's process killed by its ``Connect-Timeout-Ms`` (the guest enforces it)."""
+    return (
+        event.kind == "end"
+        and event.signal is not None
+        and deadline_s is not None
+        and time.monotonic() - started >= deadline_s - 0.05
+    )
 
 
 async def streaming(call: EnvdCall, method: str, message: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -164,7 +181,8 @@ async def streaming(call: EnvdCall, method: str, message: dict[str, Any]) -> Asy
         raise connect_error(error) from None
     except ForkpointError as error:
         raise connect_error(error) from None
-    return _pump(events, keepalive, first, call.sandbox_id)
+    deadline = call.deadline_s if method == "Start" else None
+    return _pump(events, keepalive, first, call.sandbox_id, deadline)
 
 
 async def _start(call: EnvdCall, message: dict[str, Any]) -> AsyncIterator[ProcessEvent]:
