@@ -101,6 +101,9 @@ _CHAINS: list[_Chain] = [
         [(0, "StartBackground", {}, {}), (1, "KillProcess", {}, {})],
     ),
 ]
+# A terminal's output streams as long as its program runs (a login shell: until it exits):
+# a fuzzer's request would only time out. `_walk_terminal` drives them instead.
+STREAMS = ("open_terminal", "connect_terminal")
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")  # use_after_free and ?path= (see there)
 
 
@@ -236,6 +239,8 @@ def _schemathesis(
     ]  # fmt: skip
     for operation_id in sorted(only):
         command += ["--include-operation-id", operation_id]
+    for operation_id in STREAMS:
+        command += ["--exclude-operation-id", operation_id]
     result = subprocess.run(
         command, cwd=out, capture_output=True, text=True, timeout=seconds + 240,
         env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_HOOKS": str(HOOKS)},
@@ -386,6 +391,37 @@ def _walk_chains(client: httpx.Client, spec: dict[str, Any], s3_url: str) -> lis
     return entries
 
 
+def _walk_terminal(client: httpx.Client) -> list[dict[str, Any]]:
+    """A terminal's operations in order: opened (its stream's first line gives the pid,
+    then the client hangs up: the program runs on), typed into, resized, re-attached,
+    closed. Returns HAR-like entries to tally."""
+    entries: list[dict[str, Any]] = []
+
+    def note(answer: httpx.Response) -> httpx.Response:
+        entries.append({"request": {"method": answer.request.method,
+                                    "url": str(answer.request.url)},
+                        "response": {"status": answer.status_code}})  # fmt: skip
+        assert answer.is_success, f"{answer.request.url}: {answer.status_code}"
+        return answer
+
+    def first_line(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        with client.stream(method, url, json=body) as answer:
+            note(answer)
+            return json.loads(next(answer.iter_lines()))
+
+    session = note(client.post("/v1/sessions", params={"wait": 8}, json={})).json()
+    if "operation_id" in session:
+        session = _until_done(client, session["operation_id"])["result"]
+    terminals = f"/v1/sessions/{session['id']}/terminals"
+    pid = first_line("POST", terminals, {"command": ["sh", "-c", "read line; sleep 60"]})["pid"]
+    note(client.post(f"{terminals}/{pid}/input", json={"data": "aGkK"}))
+    note(client.post(f"{terminals}/{pid}/size", json={"cols": 100, "rows": 30}))
+    assert first_line("GET", f"{terminals}/{pid}") == {"kind": "start", "pid": pid}
+    note(client.delete(f"{terminals}/{pid}"))
+    note(client.delete(f"/v1/sessions/{session['id']}"))
+    return entries
+
+
 def test_schemathesis_reaches_every_operation(served: tuple[str, str, Path]) -> None:
     url, token, fuzz_home = served
     with httpx.Client(
@@ -415,6 +451,7 @@ def _fuzz(client: httpx.Client, fuzz_home: Path) -> None:
             runs.append(_schemathesis(url, token, phases, seconds, fuzz_home.parent / phases))
             _settle_and_clean(client)
         chained = _walk_chains(client, spec, os.environ["FORKPOINT_FUZZ_S3"])
+        chained += _walk_terminal(client)
         _settle_and_clean(client)
         # A stateful scenario picks among ~100 link rules; any operation can miss out by
         # chance. Short stateful runs follow only the links leading to what got no 2xx yet,

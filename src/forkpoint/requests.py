@@ -161,21 +161,22 @@ def _program_named(argv: list[str]) -> list[str]:
     return argv
 
 
+#: An argv list: a program (not empty), then its arguments.
+Argv = Annotated[
+    list[_Arg],
+    Field(min_length=1),
+    AfterValidator(_program_named),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "minItems": 1,
+            "prefixItems": [_schema_of(_Program)],
+            "items": _schema_of(_Arg),
+        }
+    ),
+]
 Command = Annotated[
-    Annotated[
-        list[_Arg],
-        Field(min_length=1),
-        AfterValidator(_program_named),
-        WithJsonSchema(
-            {
-                "type": "array",
-                "minItems": 1,
-                "prefixItems": [_schema_of(_Program)],
-                "items": _schema_of(_Arg),
-            }
-        ),
-    ]
-    | Annotated[str, StringConstraints(pattern=_NO_NUL, min_length=1, max_length=1 << 20)],
+    Argv | Annotated[str, StringConstraints(pattern=_NO_NUL, min_length=1, max_length=1 << 20)],
     Field(description="An argv list (run directly) or a string (run by /bin/sh -c)."),
 ]
 
@@ -403,9 +404,7 @@ class TerminalRequest(_Request):
 
     cols: _PtyCols = 80
     rows: _PtyRows = 24
-    command: Annotated[list[_Arg], Field(min_length=1), AfterValidator(_program_named)] = list(
-        DEFAULT_TERMINAL_COMMAND
-    )
+    command: Argv = list(DEFAULT_TERMINAL_COMMAND)
     cwd: GuestPath | None = None
     env: Env = {}
     user: GuestUser | None = None
