@@ -293,7 +293,7 @@ class Store:
         """All sessions, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, id"
+                f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, rowid"
             ).fetchall()
             ports: dict[str, list[PortForward]] = {}
             for p in conn.execute(
@@ -503,7 +503,7 @@ class Store:
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints{clause} ORDER BY created_at, id",
+                f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints{clause} ORDER BY created_at, rowid",
                 args,
             ).fetchall()
             return [checkpoint_from_row(row) for row in rows]

@@ -76,7 +76,7 @@ class E2bStore:
 
     def list(self) -> list[E2bSandboxRecord]:
         with self.store.transaction() as conn:
-            rows = conn.execute("SELECT * FROM e2b_sandboxes ORDER BY started_at").fetchall()
+            rows = conn.execute("SELECT * FROM e2b_sandboxes ORDER BY started_at, rowid").fetchall()
         return [_record(r) for r in rows]
 
     def delete(self, session_id: str) -> None:

@@ -84,7 +84,7 @@ class WarmStore:
         with self.store.transaction() as conn:
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM warm_vms WHERE key = ? AND qemu_pid IS NOT NULL "
-                "ORDER BY created_at, id LIMIT 1",
+                "ORDER BY created_at, rowid LIMIT 1",
                 (key,),
             ).fetchone()
             if row is None:
@@ -98,7 +98,7 @@ class WarmStore:
 
     def all(self) -> list[WarmRecord]:
         with self.store.transaction() as conn:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM warm_vms ORDER BY created_at").fetchall()
+            rows = conn.execute(f"SELECT {_COLUMNS} FROM warm_vms ORDER BY created_at, rowid").fetchall()
         return [_record(row) for row in rows]
 
 
