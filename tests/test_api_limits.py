@@ -389,7 +389,12 @@ async def test_spec_links_every_new_id_to_its_operations(runtime: FakeRuntime) -
         # so); a terminal's stream lasts as long as its program: not for a fuzzer to follow.
         terminals = {"open_terminal", "connect_terminal", "type_into_terminal",
                      "resize_terminal", "close_terminal"}  # fmt: skip
-        assert session_ops - targets == {"kill_process", *terminals}
+        watcher_ops = {"watcher_events", "remove_watcher"}  # linked from create_watcher
+        assert session_ops - targets == {"kill_process", *terminals, *watcher_ops}
+        watch = spec["paths"]["/v1/sessions/{session_id}/watchers"]["post"]["responses"]
+        links = watch["201"]["links"].values()
+        assert {link["operationId"] for link in links} == watcher_ops
+        assert {link["parameters"]["watcher_id"] for link in links} == {"$response.body#/id"}
         exec_links = spec["paths"]["/v1/sessions/{session_id}/exec"]["post"]["responses"]["200"]
         assert exec_links["links"]["KillProcess"]["parameters"]["pid"] == "$response.body#/pid"
         assert "202" in create and "429" in create

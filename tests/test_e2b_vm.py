@@ -17,6 +17,8 @@ import pytest
 from e2b import (
     AsyncSandbox,
     CommandExitException,
+    FilesystemEvent,
+    FilesystemEventType,
     FileType,
     InvalidArgumentException,
     NotFoundException,
@@ -271,13 +273,52 @@ def test_flagship_quickstart(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) 
     runpy.run_path(str(example), run_name="e2b_quickstart")["main"]()
 
 
-def test_async_files_and_host(gateway: Gateway) -> None:
+def test_watching_a_directory_polled(sbx: Sandbox) -> None:
+    """The sync SDK's watcher (CreateWatcher + GetWatcherEvents): every change made
+    before the poll is in it, named as envd names it, with entry info."""
+    sbx.files.make_dir("w")
+    handle = sbx.files.watch_dir("w", recursive=True, include_entry=True)
+    sbx.files.write("w/a.txt", "one")
+    sbx.commands.run("mkdir -p ~/w/deep && echo x > ~/w/deep/b && chmod 600 ~/w/a.txt")
+    events = handle.get_new_events()
+    seen = [(e.type, e.name) for e in events]
+    assert seen[:3] == [
+        (FilesystemEventType.CREATE, "a.txt"), (FilesystemEventType.CHMOD, "a.txt"),
+        (FilesystemEventType.WRITE, "a.txt"),
+    ]  # fmt: skip
+    assert (FilesystemEventType.CREATE, "deep/b") in seen
+    assert seen[-1] == (FilesystemEventType.CHMOD, "a.txt")
+    assert events[0].entry is not None and events[0].entry.path == "/home/user/w/a.txt"
+    handle.stop()
+    with pytest.raises(NotFoundException):
+        sbx.files.watch_dir("no-such-dir")
+
+
+def test_async_files_watch_and_host(gateway: Gateway) -> None:
     async def scenario() -> None:
         sbx = await AsyncSandbox.create(timeout=600)
         try:
             assert (await sbx.files.read("/etc/hostname")).strip()
             assert await sbx.files.exists("/etc")
             assert sbx.get_host(3000).startswith(f"3000-{sbx.sandbox_id}.localhost:")
+            # the async SDK's watcher streams (WatchDir)
+            seen: list[FilesystemEvent] = []
+            written = asyncio.Event()
+
+            def on_event(event: FilesystemEvent) -> None:
+                seen.append(event)
+                if event.type == FilesystemEventType.WRITE:
+                    written.set()
+
+            handle = await sbx.files.watch_dir("/tmp", on_event)
+            await sbx.files.write("/tmp/streamed.txt", "x")
+            await asyncio.wait_for(written.wait(), 30)
+            assert [(e.type, e.name) for e in seen][:3] == [
+                (FilesystemEventType.CREATE, "streamed.txt"),
+                (FilesystemEventType.CHMOD, "streamed.txt"),
+                (FilesystemEventType.WRITE, "streamed.txt"),
+            ]
+            await handle.stop()
         finally:
             await sbx.kill()
 

@@ -354,10 +354,34 @@ def test_a_terminal_is_resized_and_lives_on_in_a_fork_at_the_same_pid(vm_ready: 
 
 @pytest.mark.vm
 @pytest.mark.timeout(600)
-def test_a_terminal_and_file_metadata_over_the_rest_api(api: str, vm_ready: None) -> None:
+def test_a_terminal_file_metadata_and_a_watcher_over_the_rest_api(
+    api: str, vm_ready: None
+) -> None:
     """Through a real server: a terminal's NDJSON stream arrives as the guest writes; a
-    file's metadata is stored with it and listed."""
+    file's metadata is stored with it and listed; a watcher reports every change made
+    before it is asked (no sleeping), new subdirectories included."""
     with Sandbox.create(base_url=api) as sb:
+        watcher = sb.files.watch("/srv", recursive=True, entries=True)
+        sb.files.write("/srv/sub/n.txt", "hi")  # its directory is made on the way
+        events = watcher.events()
+        assert [(e.type, e.name) for e in events] == [
+            ("create", "sub"), ("create", "sub/n.txt"), ("chmod", "sub/n.txt"),
+            ("write", "sub/n.txt"),
+        ]  # fmt: skip
+        entry = events[-1].entry
+        assert entry is not None and (entry.path, entry.size) == ("/srv/sub/n.txt", 2)
+        assert sb.commands.run("rm -r /srv/sub").exit_code == 0
+        assert [(e.type, e.name) for e in watcher.events()] == [
+            ("remove", "sub/n.txt"), ("remove", "sub"),
+        ]  # fmt: skip
+        assert watcher.events() == []
+        watcher.stop()
+        with pytest.raises(NotFound, match="watcher"):
+            watcher.events()
+        with pytest.raises(NotFound):
+            sb.files.watch("/no/such/dir")
+        with pytest.raises(InvalidInput, match="not a directory"):
+            sb.files.watch("/etc/hostname")
         sb.files.write("/srv/m.txt", "x", metadata={"Author": "mish"})
         (entry,) = [e for e in sb.files.list("/srv") if e.name == "m.txt"]
         assert entry.metadata == {"author": "mish"}

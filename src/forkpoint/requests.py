@@ -70,6 +70,8 @@ __all__ = [
     "DiffRequest",
     "RollbackPreviewRequest",
     "UndoRequest",
+    "WatchRequest",
+    "WatcherEventsRequest",
     "RollbackRequest",
     "TimeoutRequest",
     "TimeoutS",
@@ -419,6 +421,21 @@ class TerminalInputRequest(_Request):
 class TerminalSizeRequest(_Request):
     cols: _PtyCols
     rows: _PtyRows
+
+
+class WatchRequest(_Request):
+    """Watch directory ``path`` (``recursive``: its subdirectories too, also new ones;
+    ``entries``: each event carries the path's entry)."""
+
+    path: GuestPath
+    recursive: Flag = False
+    entries: Flag = False
+
+
+class WatcherEventsRequest(_Request):
+    """``wait``: with no change yet, wait up to this many seconds for the first."""
+
+    wait: Annotated[Number, Field(ge=0, le=60)] = 0.0
 
 
 class UndoRequest(_Request):

@@ -76,6 +76,7 @@ from ..protocol import (
     StreamCancelArgs,
     TrackedProcessInfo,
     TunnelOpenArgs,
+    WatchDirArgs,
     WriteBeginArgs,
     WriteBeginResult,
     WriteChunkArgs,
@@ -92,6 +93,7 @@ from ._errors import error_from_agent
 from .processes import ProcessStream
 from .streams import EventStream
 from .tunnel import TunnelReader, TunnelWriter
+from .watch import WatchStream
 
 __all__ = ["AgentClient", "OutputCallback", "fresh_identity", "post_identity"]
 
@@ -736,6 +738,18 @@ class AgentClient:
                     await writer.wait_closed()
         finally:
             await stream.cancel()
+
+    async def watch_dir(
+        self, path: str, *, recursive: bool = False, entries: bool = False
+    ) -> WatchStream:
+        """Watch directory ``path``'s changes; await ``started()`` before relying on it."""
+        args = _model(WatchDirArgs, path=path, recursive=recursive, entries=entries)
+        stream = await self._open_stream(Op.WATCH_DIR, args, args.window)
+
+        async def call(op: Op, call_args: object) -> Response:
+            return await self._call(op, call_args)
+
+        return WatchStream(stream, call, self._raise_for)
 
     async def stat(self, path: str, *, follow_symlinks: bool = True) -> StatResult:
         """Type, size (bytes), mode, mtime (ns), owner. Raises NotFound."""

@@ -79,6 +79,11 @@ class EventStream:
     def over(self) -> bool:
         return self._over
 
+    @property
+    def queued(self) -> bool:
+        """Whether :meth:`next` would answer at once."""
+        return self._over or not self._queue.empty()
+
     def _grant(self, n: int) -> None:
         async def ack() -> None:
             with contextlib.suppress(ForkpointError):

@@ -33,6 +33,7 @@ from forkpoint.models import (
     CheckpointTransfer,
     ErrorResponse,
     FileCheck,
+    FileEvent,
     HistoryStep,
     OperationKind,
     Port,
@@ -40,6 +41,7 @@ from forkpoint.models import (
     PtySize,
     Session,
     StateDiff,
+    Watcher,
 )
 from forkpoint.requests import (
     CheckpointRequest,
@@ -55,6 +57,8 @@ from forkpoint.requests import (
     TerminalSizeRequest,
     TimeoutRequest,
     UndoRequest,
+    WatcherEventsRequest,
+    WatchRequest,
 )
 
 if TYPE_CHECKING:
@@ -185,6 +189,18 @@ async def _close_terminal(rt: Runtime, ids: Ids, request: None) -> None:
     await rt.signal_process(ids["session_id"], ids["pid"], "KILL")
 
 
+async def _create_watcher(rt: Runtime, ids: Ids, request: WatchRequest) -> Watcher:
+    return await rt.create_watcher(ids["session_id"], **request.model_dump())
+
+
+async def _watcher_events(rt: Runtime, ids: Ids, request: WatcherEventsRequest) -> list[FileEvent]:
+    return await rt.watcher_events(ids["session_id"], ids["watcher_id"], wait=request.wait)
+
+
+async def _remove_watcher(rt: Runtime, ids: Ids, request: None) -> None:
+    await rt.remove_watcher(ids["session_id"], ids["watcher_id"])
+
+
 async def _processes(rt: Runtime, ids: Ids, request: None) -> list[Process]:
     return await rt.ps(ids["session_id"])
 
@@ -312,6 +328,23 @@ OPERATIONS: tuple[Op, ...] = (
        status=204),
     Op("close_terminal", "DELETE", f"{_S}/terminals/{{pid}}", _close_terminal,
        "Close a terminal (its process group is killed)", "terminals", status=204),
+    Op(
+        "create_watcher", "POST", f"{_S}/watchers", _create_watcher,
+        "Watch a directory for changes", "files", WatchRequest, Watcher, status=201,
+        mcp=True,
+        description="Watch a guest directory (recursive: its subdirectories too); then "
+        "watcher_events returns what changed (create, write, remove, rename, chmod).",
+    ),
+    Op(
+        "watcher_events", "POST", f"{_S}/watchers/{{watcher_id}}/events", _watcher_events,
+        "A watcher's changes since it was last asked", "files", WatcherEventsRequest,
+        list[FileEvent], mcp=True,
+        description="The changes a watcher saw since it was last asked, in order; with "
+        "wait (s), waits for the first when there is none yet.",
+    ),
+    Op("remove_watcher", "DELETE", f"{_S}/watchers/{{watcher_id}}", _remove_watcher,
+       "Stop watching", "files", status=204, mcp=True,
+       description="Stop a watcher."),
     Op(
         "forward_port", "POST", f"{_S}/ports", _forward_port, "Forward a guest port", "ports",
         PortRequest, Port, mcp=True,

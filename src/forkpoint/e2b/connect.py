@@ -7,19 +7,26 @@ call failed. Errors have a Connect code, mapped to an HTTP status for unary call
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import struct
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "CONNECT_JSON",
+    "KEEPALIVE",
     "ConnectError",
+    "Keepalive",
     "decode_message",
     "end_stream",
     "envelope",
     "read_envelopes",
+    "with_keepalives",
 ]
+
+T = TypeVar("T")
 
 CONNECT_JSON = "application/connect+json"
 _HEADER = struct.Struct(">BI")
@@ -80,6 +87,59 @@ def envelope(message: dict[str, Any]) -> bytes:
 def end_stream(error: ConnectError | None = None) -> bytes:
     data = json.dumps({"error": error.to_json()} if error else {}).encode()
     return _HEADER.pack(_END_STREAM, len(data)) + data
+
+
+class Keepalive:
+    """What :func:`with_keepalives` yields after a silence."""
+
+
+KEEPALIVE = Keepalive()
+_OVER = object()
+
+
+async def with_keepalives(
+    items: AsyncIterator[T], keepalive_s: float
+) -> AsyncIterator[T | Keepalive]:
+    """``items``, with :data:`KEEPALIVE` after each ``keepalive_s`` of silence; an error
+    of ``items`` is raised here. A task reads ``items`` into a queue, so a keepalive never
+    cancels a pending read; when the consumer stops, the task is cancelled, which closes
+    ``items``."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def feed() -> None:
+        try:
+            async for item in items:
+                await queue.put(item)
+        except Exception as error:  # handed to the consumer
+            await queue.put(_Failed(error))
+        else:
+            await queue.put(_OVER)
+        finally:
+            with contextlib.suppress(Exception):
+                await items.aclose()  # type: ignore[attr-defined]
+
+    task = asyncio.create_task(feed())
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), keepalive_s)
+            except TimeoutError:
+                yield KEEPALIVE
+                continue
+            if item is _OVER:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+class _Failed:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 async def read_envelopes(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:

@@ -168,9 +168,12 @@ async def _rpc(sandboxes: Sandboxes, request: Request, service: str, method: str
             return _stream(envd_process.stream_input(call, request.stream()))
         if request.headers.get("content-type", "").startswith(CONNECT_JSON):
             message = await _first_envelope(request)
-            if service != "process":
+            if service == "process":
+                return _stream(await envd_process.streaming(call, method, message))
+            if method != "WatchDir":
                 raise ConnectError("unimplemented", f"{service}.{method} streams are not supported")
-            return _stream(await envd_process.streaming(call, method, message))
+            keepalive = call.keepalive_s or envd_process.DEFAULT_KEEPALIVE_S
+            return _stream(await envd_fs.watch_dir(call, message, keepalive))
         handlers = envd_process.UNARY if service == "process" else envd_fs.UNARY
         handler = handlers.get(method)
         if handler is None:

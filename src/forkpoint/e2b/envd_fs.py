@@ -1,8 +1,9 @@
 """envd's ``filesystem.Filesystem`` service (unary calls) on the runtime's file operations.
 
 Entries are E2B's ``EntryInfo``; owners are names (``user`` for uid 1000, ``root`` for 0);
-a file's metadata (its ``user.e2b.*`` extended attributes) comes along.
-Watchers answer ``unimplemented``.
+a file's metadata (its ``user.e2b.*`` extended attributes) comes along. Watchers are the
+runtime's: polled ones (``CreateWatcher``/``GetWatcherEvents``/``RemoveWatcher``, the sync
+SDK's) are held by it between calls; ``WatchDir`` (the async SDK's) streams a watch.
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import stat as stat_mod
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from forkpoint.errors import NotFound
+from forkpoint.errors import ForkpointError, NotFound
+from forkpoint.models import FileEvent
+from forkpoint.runtime.guest.watch import DirWatch
 
-from .connect import ConnectError
-from .context import EnvdCall
+from .connect import ConnectError, Keepalive, end_stream, envelope, with_keepalives
+from .context import EnvdCall, connect_error
 
-__all__ = ["UNARY", "entry_info"]
+__all__ = ["UNARY", "entry_info", "watch_dir"]
 
 _TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _USERS = {0: "root", 1000: "user"}
@@ -122,8 +126,87 @@ async def _remove(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-async def _unimplemented(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
-    raise ConnectError("unimplemented", "directory watchers are not supported by forkpoint")
+_EVENT_TYPES = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+
+
+def _event(event: FileEvent) -> dict[str, Any]:
+    """envd's ``FilesystemEvent``."""
+    out: dict[str, Any] = {"name": event.name, "type": _EVENT_TYPES[event.type]}
+    if event.entry is not None and event.entry.path:
+        out["entry"] = entry_info(event.entry.path, event.entry)
+    return out
+
+
+def _watch_options(message: dict[str, Any]) -> dict[str, bool]:
+    return {
+        "recursive": bool(message.get("recursive")),
+        "entries": bool(message.get("includeEntry")),
+    }
+
+
+async def _create_watcher(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
+    path = _path(message)
+    watcher = await call.runtime.create_watcher(call.sandbox_id, path, **_watch_options(message))
+    return {"watcherId": watcher.id}
+
+
+def _watcher_id(message: dict[str, Any]) -> str:
+    watcher = message.get("watcherId")
+    if not isinstance(watcher, str) or not watcher:
+        raise ConnectError("invalid_argument", "watcherId is required")
+    return watcher
+
+
+async def _get_watcher_events(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
+    events = await call.runtime.watcher_events(call.sandbox_id, _watcher_id(message))
+    return {"events": [_event(e) for e in events]}
+
+
+async def _remove_watcher(call: EnvdCall, message: dict[str, Any]) -> dict[str, Any]:
+    await call.runtime.remove_watcher(call.sandbox_id, _watcher_id(message))
+    return {}
+
+
+async def watch_dir(
+    call: EnvdCall, message: dict[str, Any], keepalive_s: float
+) -> AsyncIterator[bytes]:
+    """``WatchDir``: start, then each change, keepalives in silences, until the client
+    hangs up or the directory is gone. Errors before the start raise ConnectError."""
+    path = _path(message)
+    watching = call.runtime.watch_dir(call.sandbox_id, path, **_watch_options(message))
+    try:
+        watch = await watching.__aenter__()
+    except ForkpointError as error:
+        raise connect_error(error) from None
+    return _watch_envelopes(watching, watch, keepalive_s)
+
+
+async def _watch_envelopes(
+    watching: contextlib.AbstractAsyncContextManager[DirWatch],
+    watch: DirWatch,
+    keepalive_s: float,
+) -> AsyncIterator[bytes]:
+    try:
+        # WatchDirResponse's oneof is named `event`, but a oneof's name is not in its JSON
+        yield envelope({"start": {}})
+        try:
+            async for item in with_keepalives(aiter(watch), keepalive_s):
+                if isinstance(item, Keepalive):
+                    yield envelope({"keepalive": {}})
+                else:
+                    yield envelope({"filesystem": _event(item)})
+        except ForkpointError as error:
+            yield end_stream(connect_error(error))
+            return
+        yield end_stream()
+    finally:
+        await watching.__aexit__(None, None, None)
 
 
 UNARY = {
@@ -132,7 +215,7 @@ UNARY = {
     "MakeDir": _make_dir,
     "Move": _move,
     "Remove": _remove,
-    "CreateWatcher": _unimplemented,
-    "GetWatcherEvents": _unimplemented,
-    "RemoveWatcher": _unimplemented,
+    "CreateWatcher": _create_watcher,
+    "GetWatcherEvents": _get_watcher_events,
+    "RemoveWatcher": _remove_watcher,
 }

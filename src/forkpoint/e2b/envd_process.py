@@ -8,9 +8,7 @@ keepalives in silences, end); closing the stream does not kill the process; the
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import signal as signals
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 from forkpoint.errors import ForkpointError, NotFound
 from forkpoint.models import PtySize
 
-from .connect import ConnectError, end_stream, envelope, read_envelopes
+from .connect import (
+    ConnectError,
+    Keepalive,
+    end_stream,
+    envelope,
+    read_envelopes,
+    with_keepalives,
+)
 from .context import EnvdCall, connect_error
 from .files import guest_path
 
@@ -103,51 +108,24 @@ async def _pump(
     sandbox_id: str,
     deadline_s: float | None = None,
 ) -> AsyncIterator[bytes]:
-    """Envelopes for ``events``, with a keepalive after each ``keepalive_s`` of silence.
-
-    The events are read by a task feeding a queue, so a keepalive never cancels a pending
-    read; when the client goes away the task is cancelled, which closes the iterator
-    (the process goes on).
-    """
-    queue: asyncio.Queue[ProcessEvent | BaseException | None] = asyncio.Queue()
-
-    async def feed() -> None:
-        try:
-            async for event in events:
-                await queue.put(event)
-        except Exception as error:  # reported in the end-stream envelope
-            await queue.put(error)
-        else:
-            await queue.put(None)
-        finally:
-            with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]
-
+    """Envelopes for ``events``, with a keepalive after each ``keepalive_s`` of silence;
+    when the client goes away the iterator is closed (the process goes on)."""
     yield envelope(_event(first))
     started = time.monotonic()
-    task = asyncio.create_task(feed())
     try:
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), keepalive_s)
-            except TimeoutError:
+        async for item in with_keepalives(events, keepalive_s):
+            if isinstance(item, Keepalive):
                 yield envelope({"event": {"keepalive": {}}})
-                continue
-            if item is None:
-                yield end_stream()
-                return
-            if isinstance(item, BaseException):
-                yield end_stream(_stream_error(sandbox_id, item))
-                return
-            if _killed_at_deadline(item, started, deadline_s):
+            elif _killed_at_deadline(item, started, deadline_s):
                 # envd ends the stream with the deadline, not with the kill it caused.
                 yield end_stream(ConnectError("deadline_exceeded", "context deadline exceeded"))
                 return
-            yield envelope(_event(item))
-    finally:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+            else:
+                yield envelope(_event(item))
+    except Exception as error:  # reported in the end-stream envelope
+        yield end_stream(_stream_error(sandbox_id, error))
+        return
+    yield end_stream()
 
 
 def _killed_at_deadline(event: ProcessEvent, started: float, deadline_s: float | None) -> bool:

@@ -47,7 +47,7 @@ class GatewayConfig:
 
     domain: str = "localhost:3001"
     default_timeout_s: int = 300
-    envd_version: str = "0.6.2"
+    envd_version: str = "0.6.4"
     memory_mib: int = DEFAULT_MEMORY_MIB
     cpus: int = DEFAULT_CPUS
     #: What the gateway admits (the runtime's policy); None: ``ApiLimits.from_env()``.

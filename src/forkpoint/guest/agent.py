@@ -55,6 +55,7 @@ from .transport import (
     find_virtio_port,
 )
 from .tunnels import TunnelOps
+from .watch import WatchOps
 
 __all__ = ["Agent", "error_for", "main"]
 
@@ -107,6 +108,7 @@ class Agent:
         self.processes = ProcessTable(self.streams)
         self.tunnels = TunnelOps(self.streams)
         self.scans = ScanOps(self.procs)
+        self.watches = WatchOps(self.streams, self.files)
         self._handlers: dict[Op, Handler] = {
             Op.HELLO: self.identity.hello,
             Op.EXEC: self.procs.exec,
@@ -137,6 +139,8 @@ class Agent:
             Op.MAKE_DIR: self.files.make_dir,
             Op.RENAME: self.files.rename,
             Op.SCAN: self.scans.scan,
+            Op.WATCH_DIR: self.watches.watch,
+            Op.WATCH_FLUSH: self.watches.flush,
         }
 
     def _cancel_stream(self, ctx: Context, args: StreamCancelArgs) -> Empty:

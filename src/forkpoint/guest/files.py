@@ -15,6 +15,7 @@ import stat as stat_mod
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..protocol import (
@@ -45,7 +46,11 @@ from ..protocol import (
 from .context import ConnectionGone, Context, GuestError
 from .users import Account, account, chown_to, group_name, may_write, owner_name
 
-__all__ = ["MAX_LIST_ENTRIES", "FileOps", "file_type", "make_dirs"]
+__all__ = ["MAX_LIST_ENTRIES", "UPLOAD_SUFFIX", "FileOps", "entry_at", "file_type", "make_dirs"]
+
+#: An upload's temp file is ``.<name>.<random>`` + this, next to its target.
+UPLOAD_SUFFIX = ".fpupload"
+_REPLACED_KEPT = 256
 
 MAX_LIST_ENTRIES = 10_000  # keeps a listing's answer well under the frame limit
 
@@ -90,6 +95,11 @@ class FileOps:
     def __init__(self) -> None:
         self._uploads: dict[str, _Upload] = {}
         self._lock = threading.Lock()
+        # path -> did it exist before the latest upload replaced it (oldest first)
+        self.replaced: dict[str, bool] = {}
+        # Called after each change made here, before answering: watchers take in its
+        # events first, so a host that changed a file and then asks sees them.
+        self.after_change: Callable[[], None] = lambda: None
 
     def read_file(self, ctx: Context, args: PathArgs) -> ReadFileResult:
         """Stream the file as chunk events. Raises OSError (missing, directory, ...)."""
@@ -113,11 +123,12 @@ class FileOps:
         owner = account(args.user) if args.user is not None else None
         parent = os.path.dirname(args.path) or "/"
         if args.make_parents:
-            make_dirs(parent, owner)
+            if make_dirs(parent, owner):
+                self.after_change()  # a recursive watcher watches them before the write
         elif not os.path.isdir(parent):
             raise FileNotFoundError(2, "No such file or directory", parent)
         fd, tmp_path = tempfile.mkstemp(
-            dir=parent, prefix=f".{os.path.basename(args.path)}.", suffix=".fpupload"
+            dir=parent, prefix=f".{os.path.basename(args.path)}.", suffix=UPLOAD_SUFFIX
         )
         handle = uuid.uuid4().hex
         upload = _Upload(args.path, tmp_path, fd, args.mode, ctx.generation, owner, args.metadata)
@@ -164,13 +175,24 @@ class FileOps:
                 os.fchmod(upload.fd, upload.mode)
                 for key, value in (upload.metadata or {}).items():
                     os.setxattr(upload.fd, METADATA_XATTR + key.lower(), value.encode())
+                self._note_replacing(upload.path)
                 os.replace(upload.tmp_path, upload.path)
             except BaseException:
                 upload.discard()
                 raise
             upload.closed = True
             os.close(upload.fd)
+        self.after_change()
         return WriteCommitResult(path=upload.path, size=size)
+
+    def _note_replacing(self, path: str) -> None:
+        """Remember whether ``path`` existed before an upload replaced it (watchers
+        report the rename of the temp file as the write it is)."""
+        with self._lock:
+            self.replaced.pop(path, None)
+            self.replaced[path] = os.path.lexists(path)
+            while len(self.replaced) > _REPLACED_KEPT:
+                del self.replaced[next(iter(self.replaced))]
 
     def write_abort(self, ctx: Context, args: WriteHandleArgs) -> Empty:
         with self._lock:
@@ -243,7 +265,9 @@ class FileOps:
         owner = account(args.user) if args.user is not None else None
         if os.path.isdir(args.path):
             return MakeDirResult(created=False)
-        return MakeDirResult(created=bool(make_dirs(args.path, owner, args.mode)))
+        created = bool(make_dirs(args.path, owner, args.mode))
+        self.after_change()
+        return MakeDirResult(created=created)
 
     def rename(self, ctx: Context, args: RenameArgs) -> Empty:
         """Move ``src`` to ``dst``; with ``user``, only where that user may write."""
@@ -258,6 +282,7 @@ class FileOps:
                     )
         os.lstat(args.src)  # FileNotFoundError names src, not dst
         os.rename(args.src, args.dst)
+        self.after_change()
         return Empty()
 
     def remove(self, ctx: Context, args: RemoveArgs) -> RemoveResult:
@@ -275,8 +300,10 @@ class FileOps:
                             f"directory not empty (use recursive): {args.path}",
                         ) from None
                     raise
+            self.after_change()
             return RemoveResult(path=args.path, type="dir")
         os.unlink(args.path)
+        self.after_change()
         return RemoveResult(path=args.path, type=file_type(st.st_mode))
 
 
@@ -340,6 +367,15 @@ def _link_target(path: str, st: os.stat_result) -> str | None:
         return os.readlink(path)
     except OSError:
         return None
+
+
+def entry_at(path: str, name: str) -> DirEntry | None:
+    """The entry of ``path`` (not following a symlink), None if it is gone."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return _entry(path, name, st, _Names())
 
 
 def _entry(path: str, name: str, st: os.stat_result, names: _Names) -> DirEntry:

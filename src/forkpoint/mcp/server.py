@@ -126,9 +126,11 @@ def _with_request(
 _SESSION = _param("session", str)
 _CHECKPOINT = _param("checkpoint", str)
 # A path id's name as a tool parameter.
-_ID_NAMES = {"session_id": _SESSION, "checkpoint_id": _CHECKPOINT}
+_ID_NAMES = {
+    "session_id": _SESSION, "checkpoint_id": _CHECKPOINT, "watcher_id": _param("watcher", str)
+}  # fmt: skip
 # A list answer goes into an object (MCP's structured output is one), under this key.
-_LIST_KEYS = {"verify_checkpoint": "files", "history": "steps"}
+_LIST_KEYS = {"verify_checkpoint": "files", "history": "steps", "watcher_events": "events"}
 
 
 async def _run(op: Op, runtime: Runtime, ids: dict[str, str], request: Any) -> Any:

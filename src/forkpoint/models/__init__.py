@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from forkpoint.protocol.models import PtySize
     from forkpoint.protocol.models import SpawnResult as BackgroundProcess
     from forkpoint.protocol.models import StatResult as FileStat
+    from forkpoint.protocol.models import WatchEvent as FileEvent
 
 # Loaded on first use (PEP 562): `forkpoint ls --json` must not pay for what it does not
 # need (the protocol package, a dozen more dataclasses) — see "CLI start-up" in the docs.
@@ -58,6 +59,7 @@ _LAZY = {
     "PtySize": ("forkpoint.protocol.models", "PtySize"),
     "BackgroundProcess": ("forkpoint.protocol.models", "SpawnResult"),
     "FileStat": ("forkpoint.protocol.models", "StatResult"),
+    "FileEvent": ("forkpoint.protocol.models", "WatchEvent"),
     "CommandResult": ("forkpoint.models.commands", "CommandResult"),
     "ProcessEvent": ("forkpoint.models.commands", "ProcessEvent"),
     "ProcessEventKind": ("forkpoint.models.commands", "ProcessEventKind"),
@@ -113,6 +115,8 @@ __all__ = [
     "ErrorResponse",
     "FileChange",
     "FileEntry",
+    "FileEvent",
+    "Watcher",
     "FileStat",
     "Health",
     "HistoryStep",
@@ -209,6 +213,18 @@ class Expiry(StrEnum):
 
 
 # -- values ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Watcher:
+    """A directory of a session watched for pollers (``Runtime.watcher_events``): ``id``
+    names it within its session. ``entries``: each event carries the path's entry."""
+
+    id: str
+    session_id: str
+    path: str
+    recursive: bool = False
+    entries: bool = False
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class EventKind(StrEnum):
     CHUNK = "chunk"
     START = "start"  # a process started (data: its pid in ASCII) or a tunnel connected
     DATA = "data"  # bytes from the guest end of a tunnel
+    FS = "fs"  # a watched directory changed (data: a JSON WatchEvent)
 
 
 @dataclass(frozen=True, slots=True)

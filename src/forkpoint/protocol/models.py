@@ -72,6 +72,11 @@ __all__ = [
     "WriteCommitArgs",
     "WriteCommitResult",
     "WriteHandleArgs",
+    "WATCH_EVENT_TYPES",
+    "WatchDirArgs",
+    "WatchEndResult",
+    "WatchEvent",
+    "WatchFlushArgs",
 ]
 
 CHUNK_BYTES: Final = 256 * 1024  # file data per chunk event / write_chunk request
@@ -121,6 +126,9 @@ class Op(StrEnum):
     MAKE_DIR = "make_dir"
     RENAME = "rename"
     SCAN = "scan"
+    # a directory's changes (inotify), streamed; flushed on request
+    WATCH_DIR = "watch_dir"
+    WATCH_FLUSH = "watch_flush"
 
 
 def _check_path(path: str, what: str = "path") -> None:
@@ -709,6 +717,53 @@ class TunnelEndResult:
     eof: bool
 
 
+#: What happened to a watched path (fsnotify's words, as E2B's envd reports them).
+WATCH_EVENT_TYPES = ("create", "write", "remove", "rename", "chmod")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchDirArgs:
+    """Stream the changes under directory ``path`` (``recursive``: in its subdirectories
+    too, also ones made later): ``start`` once watching, then ``fs`` events (data: a
+    JSON :class:`WatchEvent`), until cancelled or the directory is gone. ``entries``:
+    each event carries the path's entry (when it still exists)."""
+
+    path: str
+    recursive: bool = False
+    entries: bool = False
+    window: int = STREAM_WINDOW_BYTES
+
+    def __post_init__(self) -> None:
+        _check_path(self.path)
+        _check_window(self.window)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """``name``: the path relative to the watched directory; ``type``: one of
+    :data:`WATCH_EVENT_TYPES`."""
+
+    name: str
+    type: str
+    entry: DirEntry | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEndResult:
+    """Why a watch ended: "cancelled", "removed" (the directory went away) or
+    "overflow" (the kernel dropped events: the host missed some)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchFlushArgs:
+    """Send the changes of watch ``request_id`` that happened before this request
+    (before its answer) now."""
+
+    request_id: int
+
+
 @dataclass(frozen=True, slots=True)
 class TunnelArgs:
     """The tunnel opened by request ``tunnel`` (its tunnel_open request id)."""
@@ -795,5 +850,7 @@ OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.MAKE_DIR: (MakeDirArgs, MakeDirResult),
     Op.RENAME: (RenameArgs, Empty),
     Op.SCAN: (ScanArgs, ScanResult),
+    Op.WATCH_DIR: (WatchDirArgs, WatchEndResult),
+    Op.WATCH_FLUSH: (WatchFlushArgs, Empty),
 }
 """Args and result model of each op."""

@@ -22,6 +22,7 @@ from forkpoint.runtime.checkpoints.service import Checkpoints
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.guest.link import GuestLink
 from forkpoint.runtime.guest.service import Guest
+from forkpoint.runtime.guest.watchers import Watchers
 from forkpoint.runtime.history.service import History
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.inspection.service import Inspection
@@ -57,6 +58,9 @@ class Runtime(Queries):
         guest = Guest(link, history)
         lifetimes = Lifetimes(context, sessions, checkpoints, restore, collector)
         inspection = Inspection(context, restore, sessions, link)
+        self.watchers = watchers = Watchers(
+            guest.watch_dir, lambda ref: context.store.get_session(ref).id
+        )
 
         # Their operations, one name each.
         self.create = sessions.create
@@ -102,6 +106,10 @@ class Runtime(Queries):
         self.write_file = guest.write_file
         self.list_files = guest.list_files
         self.stat = guest.stat
+        self.watch_dir = guest.watch_dir
+        self.create_watcher = watchers.create_watcher
+        self.watcher_events = watchers.watcher_events
+        self.remove_watcher = watchers.remove_watcher
         self.make_dir = guest.make_dir
         self.rename = guest.rename
         self.remove_file = guest.remove_file

@@ -26,6 +26,7 @@ from forkpoint.models import (
     CommandResult,
     FileCheck,
     FileEntry,
+    FileEvent,
     Process,
 )
 from forkpoint.models import Checkpoint as CheckpointInfo
@@ -38,6 +39,7 @@ from forkpoint.sdk._async import (
     AsyncSandbox,
     AsyncTerminal,
     AsyncTerminals,
+    AsyncWatcher,
 )
 from forkpoint.sdk._sync import (
     Checkpoint,
@@ -47,6 +49,7 @@ from forkpoint.sdk._sync import (
     Sandbox,
     Terminal,
     Terminals,
+    Watcher,
 )
 
 __all__ = [
@@ -57,12 +60,14 @@ __all__ = [
     "AsyncSandbox",
     "AsyncTerminal",
     "AsyncTerminals",
+    "AsyncWatcher",
     "BackgroundProcess",
     "Checkpoint",
     "CheckpointInfo",
     "CommandResult",
     "Commands",
     "FileEntry",
+    "FileEvent",
     "FileCheck",
     "Files",
     "ForkpointError",
@@ -72,4 +77,5 @@ __all__ = [
     "SessionInfo",
     "Terminal",
     "Terminals",
+    "Watcher",
 ]

@@ -21,6 +21,7 @@ from forkpoint.models import (
     CommandResult,
     FileCheck,
     FileEntry,
+    FileEvent,
     HistoryStep,
     Network,
     Process,
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncTerminal",
     "AsyncTerminals",
+    "AsyncWatcher",
 ]
 
 
@@ -142,6 +144,47 @@ class AsyncFiles:
     async def remove(self, path: str) -> None:
         """Remove a file, symlink or whole directory tree. :raises NotFound:"""
         await self._sb._client.remove_file(self._sb.id, path)
+
+    async def watch(
+        self, path: str, *, recursive: bool = False, entries: bool = False
+    ) -> AsyncWatcher:
+        """Watch directory ``path`` for changes (``recursive``: its subdirectories too,
+        also new ones; ``entries``: each event carries the path's entry); returns once
+        watching. :raises NotFound: no such directory. :raises InvalidInput: a file."""
+        body = {"path": path, "recursive": recursive, "entries": entries}
+        info = await self._sb._client.call("create_watcher", self._sb.id, body=body)
+        return AsyncWatcher(self._sb, info.id)
+
+
+class AsyncWatcher:
+    """A watched directory (``sb.files.watch()``): :meth:`events` returns what changed
+    since it was last called — each a :class:`~forkpoint.models.FileEvent` (``type``
+    create, write, remove, rename or chmod; ``name`` relative to the directory)."""
+
+    def __init__(self, sandbox: AsyncSandbox, watcher_id: str) -> None:
+        self._sb = sandbox
+        self._id = watcher_id
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    async def events(self, wait: float = 0.0) -> list[FileEvent]:
+        """The changes since the last call, in order (every change made before this
+        call is in it); with ``wait`` (s, at most 60) and none yet, waits for the first.
+        :raises NotFound: the watcher has ended (its directory or session is gone)."""
+        body = {"wait": wait}
+        found: list[FileEvent] = await self._sb._client.call(
+            "watcher_events", self._sb.id, self._id, body=body
+        )
+        return found
+
+    async def stop(self) -> None:
+        """Stop watching. :raises NotFound: it has ended already."""
+        await self._sb._client.call("remove_watcher", self._sb.id, self._id)
+
+    def __repr__(self) -> str:
+        return f"<AsyncWatcher {self._id} in {self._sb.id}>"
 
 
 class AsyncTerminal:

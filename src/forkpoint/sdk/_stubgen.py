@@ -12,20 +12,18 @@ the stub is stale. Regenerate with ``python -m forkpoint.sdk._stubgen``.
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 __all__ = ["TWINS", "render"]
 
+# "AsyncSandbox" -> "Sandbox", as _sync.py declares them (imported by name: type
+# checkers read its stub, which this module writes).
 TWINS = {
-    "AsyncSandbox": "Sandbox",
-    "AsyncCheckpoint": "Checkpoint",
-    "AsyncCommands": "Commands",
-    "AsyncFiles": "Files",
-    "AsyncPorts": "Ports",
-    "AsyncTerminal": "Terminal",
-    "AsyncTerminals": "Terminals",
+    async_cls.__name__: twin.__name__
+    for async_cls, twin in importlib.import_module("forkpoint.sdk._sync").TWINS.items()
 }
 _DUNDERS = {"__aenter__": "__enter__", "__aexit__": "__exit__"}
 _KEPT_DECORATORS = {"classmethod", "staticmethod", "property", "overload"}

@@ -12,7 +12,7 @@ How the twin is derived:
   (:class:`_LoopThread`) and blocks for its result; exceptions are re-raised unchanged,
   so they are the same :mod:`forkpoint.errors` classes.
 * Arguments that are sync twins are unwrapped to their async objects, and results are
-  wrapped by the table ``_TWINS`` (async type -> sync type), element-wise through lists
+  wrapped by the table ``TWINS`` (async type -> sync type), element-wise through lists
   and tuples: ``ck.fork(3)`` gives ``list[Sandbox | ForkpointError]``.
 
 Adding a method to the async core adds it here; nothing in this module names one. Type
@@ -37,6 +37,7 @@ from ._async import (
     AsyncSandbox,
     AsyncTerminal,
     AsyncTerminals,
+    AsyncWatcher,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "SyncTwin",
     "Terminal",
     "Terminals",
+    "Watcher",
 ]
 
 T = TypeVar("T")
@@ -77,11 +79,11 @@ class _LoopThread:
 
 
 _LOOP = _LoopThread()
-_TWINS: dict[type, type[SyncTwin]] = {}
+TWINS: dict[type, type[SyncTwin]] = {}
 
 
 def _wrap(value: Any) -> Any:
-    twin = _TWINS.get(type(value))
+    twin = TWINS.get(type(value))
     if twin is not None:
         obj = object.__new__(twin)
         obj._async = value
@@ -141,7 +143,7 @@ class SyncTwin:
     def __init_subclass__(cls, *, twin_of: type, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._async_type = twin_of
-        _TWINS[twin_of] = cls
+        TWINS[twin_of] = cls
         seen: set[str] = set()
         for klass in twin_of.__mro__:
             if klass is object:
@@ -212,3 +214,7 @@ class Terminal(SyncTwin, twin_of=AsyncTerminal):
 
 class Terminals(SyncTwin, twin_of=AsyncTerminals):
     """Blocking ``sb.terminals`` (generated)."""
+
+
+class Watcher(SyncTwin, twin_of=AsyncWatcher):
+    """Blocking :class:`~forkpoint.sdk.AsyncWatcher` (generated)."""

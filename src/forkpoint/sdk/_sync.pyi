@@ -13,6 +13,7 @@ from forkpoint.models import (
     CommandResult,
     FileCheck,
     FileEntry,
+    FileEvent,
     HistoryStep,
     Network,
     Process,
@@ -63,6 +64,13 @@ class Files(SyncTwin):
     ) -> None: ...
     def list(self, path: str) -> list[FileEntry]: ...
     def remove(self, path: str) -> None: ...
+    def watch(self, path: str, *, recursive: bool = False, entries: bool = False) -> Watcher: ...
+
+class Watcher(SyncTwin):
+    @property
+    def id(self) -> str: ...
+    def events(self, wait: float = 0.0) -> list[FileEvent]: ...
+    def stop(self) -> None: ...
 
 class Terminal(SyncTwin):
     @property
@@ -219,4 +227,5 @@ __all__ = [
     "SyncTwin",
     "Terminal",
     "Terminals",
+    "Watcher",
 ]

@@ -498,11 +498,17 @@ _SESSION_TARGETS = {
     "undo": {},
     "pause": {},
     "resume": {},
+    "create_watcher": {},
 }
 
 
 Pid = Annotated[int, PathParam(ge=1, le=1 << 22, description="The process id in the guest.")]
-_ID_PARAMS = {"session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid}
+WatcherId = Annotated[
+    str, PathParam(pattern=r"^w-[0-9a-f]{10}$", description="A watcher of the session.")
+]
+_ID_PARAMS = {
+    "session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid, "watcher_id": WatcherId
+}  # fmt: skip
 
 
 _NDJSON = "application/x-ndjson"
@@ -575,6 +581,17 @@ def _links_of(name: str) -> dict[str, Any]:
         return _checkpoint_links()
     if name == "push_checkpoint":
         return _pull_links()
+    if name == "create_watcher":
+        return {
+            _link_name(target): {
+                "operationId": target,
+                "parameters": {
+                    "session_id": "$request.path.session_id",
+                    "watcher_id": "$response.body#/id",
+                },
+            }
+            for target in ("watcher_events", "remove_watcher")
+        }
     return {}
 
 

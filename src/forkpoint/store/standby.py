@@ -73,7 +73,9 @@ class StandbyStore:
 
     def all(self) -> list[StandbyRecord]:
         with self.store.transaction() as conn:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM standbys ORDER BY created_at, rowid").fetchall()
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM standbys ORDER BY created_at, rowid"
+            ).fetchall()
         return [_record(row) for row in rows]
 
 

@@ -98,7 +98,9 @@ class WarmStore:
 
     def all(self) -> list[WarmRecord]:
         with self.store.transaction() as conn:
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM warm_vms ORDER BY created_at, rowid").fetchall()
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM warm_vms ORDER BY created_at, rowid"
+            ).fetchall()
         return [_record(row) for row in rows]
 
 

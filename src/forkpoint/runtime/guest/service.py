@@ -24,6 +24,7 @@ from forkpoint.models import (
 )
 from forkpoint.runtime.guest import processes
 from forkpoint.runtime.guest.link import GuestLink
+from forkpoint.runtime.guest.watch import DirWatch, watch_dir
 
 __all__ = ["Guest", "StepRecorder"]
 
@@ -139,6 +140,16 @@ class Guest:
         await self.steps.record(session, f"remove {path}")
         async with self.link.agent(session) as agent:
             await agent.remove(path)
+
+    def watch_dir(
+        self, session: str, path: str, *, recursive: bool = False, entries: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[DirWatch]:
+        """Watch directory ``path`` while the block runs: iterate the watch for each
+        change (create, write, remove, rename, chmod; ``name`` relative to ``path``) as it
+        happens, or call ``pending()`` for those made so far. ``recursive``: also in its
+        subdirectories; ``entries``: each event carries the path's entry.
+        :raises NotFound: no such directory (on enter). :raises InvalidInput: a file."""
+        return watch_dir(self.link.agent(session), path, recursive, entries)
 
     async def ps(self, session: str) -> list[Process]:
         async with self.link.agent(session) as agent:
