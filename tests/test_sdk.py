@@ -354,9 +354,7 @@ def test_a_terminal_is_resized_and_lives_on_in_a_fork_at_the_same_pid(vm_ready: 
 
 @pytest.mark.vm
 @pytest.mark.timeout(600)
-def test_a_terminal_file_metadata_and_a_watcher_over_the_rest_api(
-    api: str, vm_ready: None
-) -> None:
+def test_a_terminal_file_metadata_and_a_watcher_over_the_rest_api(api: str, vm_ready: None) -> None:
     """Through a real server: a terminal's NDJSON stream arrives as the guest writes; a
     file's metadata is stored with it and listed; a watcher reports every change made
     before it is asked (no sleeping), new subdirectories included."""
