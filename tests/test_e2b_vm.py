@@ -318,7 +318,7 @@ def test_async_files_watch_and_host(gateway: Gateway) -> None:
                 (FilesystemEventType.CHMOD, "streamed.txt"),
                 (FilesystemEventType.WRITE, "streamed.txt"),
             ]
-            await handle.stop()
+            await handle.stop()  # type: ignore[no-untyped-call]
         finally:
             await sbx.kill()
 
