@@ -38,8 +38,10 @@ venv: $(VENV)/.installed
 bytecode: venv
 	$(PY) -m compileall -q src >/dev/null
 
+# default: forkpoint's own sessions (small); base: E2B's (python, pip, node, npm, curl, git).
 image: apt venv
 	$(FP) image build
+	$(FP) image build base
 
 test: setup
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)

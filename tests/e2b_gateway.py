@@ -33,11 +33,17 @@ class Gateway:
 
     @property
     def env(self) -> dict[str, str]:
+        """What ``eval "$(forkpoint e2b env)"`` sets (the CA files: the gateway made them)."""
+        tls = home().tls
         return {
             "E2B_API_KEY": self.api_key,
             "E2B_API_URL": self.url,
             "E2B_SANDBOX_URL": self.url,
             "E2B_DOMAIN": f"localhost:{self.proxy_port}",
+            "SSL_CERT_FILE": str(tls / "bundle.pem"),
+            "REQUESTS_CA_BUNDLE": str(tls / "bundle.pem"),
+            "CURL_CA_BUNDLE": str(tls / "bundle.pem"),
+            "NODE_EXTRA_CA_CERTS": str(tls / "ca.pem"),
         }
 
 

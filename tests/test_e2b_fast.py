@@ -10,11 +10,15 @@ import asyncio
 import json
 import os
 import socket
+import ssl
+import stat
 import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import certifi
 import httpx
 import pytest
 from e2b import (
@@ -30,6 +34,7 @@ from e2b import (
 from e2b_gateway import Gateway, free_port, running_gateway
 from forkpoint.e2b.connect import ConnectError, end_stream, envelope, read_envelopes
 from forkpoint.e2b.proxy import parse_host
+from forkpoint.e2b.tls import SYSTEM_BUNDLES
 
 UNKNOWN = "s-00000000ff"
 
@@ -114,6 +119,47 @@ def test_proxy_answers_for_unknown_and_foreign_hosts(gateway: Gateway) -> None:
         assert via.status_code == 502
         api = client.get(f"{gateway.url}/v2/sandboxes", headers={"X-API-KEY": gateway.api_key})
         assert api.status_code == 200 and api.json() == []
+
+
+def test_proxy_speaks_https_on_the_same_port_with_the_local_ca(gateway: Gateway) -> None:
+    """TLS and plain HTTP on one port; the certificate is for the very host name, signed
+    by the CA that the exported bundle (system CAs + forkpoint's) trusts."""
+    host = f"8000-{UNKNOWN}.localhost:{gateway.proxy_port}"
+    bundle = gateway.env["SSL_CERT_FILE"]
+    with httpx.Client(verify=ssl.create_default_context(cafile=bundle)) as client:
+        answer = client.get(f"https://{host}/")
+    assert answer.status_code == 502 and "was not found" in answer.json()["message"]
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"https://{host}/", verify=ssl.create_default_context(cafile=certifi.where()))
+    assert httpx.get(f"http://{host}/").status_code == 502  # plain HTTP still
+    with socket.create_connection(("127.0.0.1", gateway.proxy_port)) as raw:
+        context = ssl.create_default_context(cafile=bundle)
+        with context.wrap_socket(raw, server_hostname=host.split(":")[0]) as tls:
+            cert = tls.getpeercert()
+    assert cert is not None and ("DNS", host.split(":")[0]) in cert["subjectAltName"]
+    system = next((p for p in SYSTEM_BUNDLES if p.is_file()), None)
+    if system is not None:  # the system's CAs are kept in the bundle
+        assert Path(bundle).read_bytes().startswith(system.read_bytes().rstrip(b"\n"))
+
+
+def test_env_works_on_a_fresh_home(tmp_path: Path) -> None:
+    """Before any gateway ran: the token and the CA are made (keys 0600)."""
+    env = {**os.environ, "FORKPOINT_HOME": str(tmp_path / "home")}
+    out = subprocess.run(
+        [sys.executable, "-m", "forkpoint.cli.app", "e2b", "env", "--json"],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout  # fmt: skip
+    variables = json.loads(out)
+    token = tmp_path / "home" / "token"
+    assert variables["E2B_API_KEY"] == token.read_text().strip()
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    key = tmp_path / "home" / "tls" / "ca.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert (
+        Path(variables["SSL_CERT_FILE"])
+        .read_bytes()
+        .endswith((tmp_path / "home" / "tls" / "ca.pem").read_bytes())
+    )
 
 
 def test_env_command_prints_the_variables(gateway: Gateway) -> None:

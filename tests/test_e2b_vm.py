@@ -273,6 +273,34 @@ def test_flagship_quickstart(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) 
     runpy.run_path(str(example), run_name="e2b_quickstart")["main"]()
 
 
+def test_base_has_e2b_tools_and_ports_speak_https(sbx: Sandbox) -> None:
+    """E2B's `base`: python (3.11+) with pip and venv, node and npm, curl, git, sudo for
+    `user`; a port reached as https://<port>-<id>.localhost:… with the unmodified httpx,
+    trusting forkpoint's CA only through the variables `forkpoint e2b env` exports."""
+    versions = sbx.commands.run(
+        "python --version && pip --version && node --version && npm --version && "
+        "curl --version && git --version && sudo -n true && python -m venv /tmp/v && echo ok"
+    )
+    assert versions.stdout.startswith("Python 3.1") and versions.stdout.endswith("ok\n")
+    assert int(versions.stdout.split()[1].split(".")[1]) >= 11
+    server = sbx.commands.run("python -m http.server 8001", background=True)
+    try:
+        url = f"https://{sbx.get_host(8001)}/"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = httpx.get(url)  # trusts SSL_CERT_FILE (the exported bundle)
+                if answer.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{url} did not answer"
+            time.sleep(0.5)
+        assert "Directory listing" in answer.text
+    finally:
+        server.kill()
+
+
 def test_watching_a_directory_polled(sbx: Sandbox) -> None:
     """The sync SDK's watcher (CreateWatcher + GetWatcherEvents): every change made
     before the poll is in it, named as envd names it, with entry info."""

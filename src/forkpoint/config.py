@@ -56,6 +56,11 @@ class Home:
         """The API token ``forkpoint serve --port`` writes (also the E2B API key)."""
         return self.root / "token"
 
+    @property
+    def tls(self) -> Path:
+        """The local CA that signs sandbox hosts' certificates (``e2b/tls.py``)."""
+        return self.root / "tls"
+
     def ensure(self) -> Home:
         for path in (self.images, self.sessions, self.checkpoints, self.layers, self.cache):
             path.mkdir(parents=True, exist_ok=True)

@@ -6,12 +6,14 @@ import asyncio
 import json
 import shlex
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from forkpoint.cli.output import err_console, reports_errors
-from forkpoint.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from forkpoint.e2b.tls import LocalCA
 
 __all__ = ["DEFAULT_E2B_PORT", "e2b_env", "register", "serve_e2b"]
 
@@ -24,15 +26,28 @@ def register(app: typer.Typer) -> None:
     app.add_typer(e2b_app, name="e2b")
 
 
-def e2b_env(port: int, proxy_port: int | None, token: str) -> dict[str, str]:
-    """The variables that point the ``e2b`` SDK at ``forkpoint serve --e2b``."""
+def e2b_env(
+    port: int, proxy_port: int | None, token: str, ca: LocalCA | None = None
+) -> dict[str, str]:
+    """The variables that point the ``e2b`` SDK at ``forkpoint serve --e2b`` and, with
+    ``ca``, make Python (ssl, httpx, requests), curl and node trust its sandbox hosts'
+    HTTPS: a bundle of the system's CAs plus forkpoint's (node adds to its own)."""
     api = f"http://127.0.0.1:{port}"
-    return {
+    variables = {
         "E2B_API_KEY": token,
         "E2B_API_URL": api,
         "E2B_SANDBOX_URL": api,
         "E2B_DOMAIN": f"localhost:{proxy_port or port + 1}",
     }
+    if ca is not None:
+        bundle = str(ca.bundle_path)
+        variables |= {
+            "SSL_CERT_FILE": bundle,
+            "REQUESTS_CA_BUNDLE": bundle,
+            "CURL_CA_BUNDLE": bundle,
+            "NODE_EXTRA_CA_CERTS": str(ca.cert_path),
+        }
+    return variables
 
 
 @e2b_app.command("env")
@@ -46,13 +61,21 @@ def env_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the variables as JSON.")] = False,
 ) -> None:
-    """Print `export E2B_…` lines for `eval "$(forkpoint e2b env)"`."""
-    from forkpoint.config import home
+    """Print `export E2B_…` lines for `eval "$(forkpoint e2b env)"`.
 
-    token_path = home().token
-    if not token_path.exists():
-        raise InvalidInput(f"no API token at {token_path}: start `forkpoint serve --e2b` first")
-    variables = e2b_env(port, proxy_port, token_path.read_text().strip())
+    Also sets SSL_CERT_FILE, REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE to a bundle of the
+    system's CAs plus forkpoint's local CA (NODE_EXTRA_CA_CERTS to the CA alone), so
+    `https://<port>-<id>.localhost:…` is trusted in that shell only. Makes the API token
+    and the CA if this home has none yet (the gateway then uses them)."""
+    from forkpoint.config import home
+    from forkpoint.e2b.tls import LocalCA
+    from forkpoint.server.listen import write_token
+
+    where = home().ensure()
+    if not where.token.exists():
+        write_token(where.token)
+    ca = LocalCA(where.tls).ensure()
+    variables = e2b_env(port, proxy_port, where.token.read_text().strip(), ca)
     if as_json:
         sys.stdout.write(json.dumps(variables, indent=2) + "\n")
         return

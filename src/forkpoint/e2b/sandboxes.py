@@ -21,6 +21,7 @@ from datetime import datetime
 
 from forkpoint.config import ApiLimits
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
+from forkpoint.images.recipe import E2B_BASE_IMAGE
 from forkpoint.models import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MIB,
@@ -36,7 +37,7 @@ from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
 
 __all__ = ["DEFAULT_TEMPLATE", "GatewayConfig", "Sandbox", "Sandboxes"]
 
-DEFAULT_TEMPLATE = "base"
+DEFAULT_TEMPLATE = E2B_BASE_IMAGE  # the image with what E2B code assumes (python, node, ...)
 _BASE_TEMPLATES = frozenset({DEFAULT_TEMPLATE, "default"})
 
 
@@ -134,7 +135,7 @@ class Sandboxes:
         auto_pause: bool = False,
         internet: bool | None = None,
     ) -> Sandbox:
-        """A new sandbox from a template: ``base`` (the default image), an image name, or a
+        """A new sandbox from a template: an image name (``base``: E2B's base image), or a
         checkpoint (snapshot) id or name.
 
         :raises NotFound: no image, checkpoint or snapshot of that name.
@@ -151,7 +152,7 @@ class Sandboxes:
                 session.id, self._timeout(timeout_s), on_expiry
             )
         else:
-            image = "default" if name in _BASE_TEMPLATES else name
+            image = name
             try:
                 with await admission.create():
                     session = await self.runtime.create(
@@ -160,6 +161,10 @@ class Sandboxes:
                         timeout_s=self._timeout(timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip
             except NotFound:
+                if name == E2B_BASE_IMAGE:
+                    raise NotFound(
+                        "template 'base' needs E2B's base image: `forkpoint image build base`"
+                    ) from None
                 raise NotFound(
                     f"template {name!r} not found: not an image, checkpoint or snapshot "
                     "(`forkpoint image ls`, `forkpoint checkpoints`)"

@@ -17,8 +17,10 @@ from forkpoint.runtime.housekeeping.reaper import reaping
 from forkpoint.threads import use_fan_out_pool
 
 from .app import create_e2b_app
+from .listener import TlsOrPlainListener
 from .proxy import SandboxProxy
 from .sandboxes import GatewayConfig, Sandboxes
+from .tls import LocalCA
 
 __all__ = ["TokenFile", "run_gateway"]
 
@@ -64,7 +66,8 @@ async def run_gateway(
         uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False)
     )
     proxy = SandboxProxy(sandboxes, api_socket.getsockname()[1])
-    listeners = [await asyncio.start_server(proxy.handle, sock=s) for s in proxy_sockets]
+    tls = (await asyncio.to_thread(LocalCA(runtime.home.tls).ensure)).server_context()
+    listeners = [TlsOrPlainListener(s, proxy.handle, tls) for s in proxy_sockets]
 
     async def stop_when_asked() -> None:
         if stop is not None:

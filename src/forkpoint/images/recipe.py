@@ -22,6 +22,8 @@ __all__ = [
     "DEFAULT_DISK_SIZE",
     "DEFAULT_KERNEL_PACKAGE",
     "DEFAULT_PACKAGES",
+    "E2B_BASE_IMAGE",
+    "E2B_BASE_PACKAGES",
     "FORMAT_VERSION",
     "Recipe",
     "guest_files",
@@ -36,6 +38,13 @@ FORMAT_VERSION = 2
 # e2fsprogs: ``resize2fs`` grows the root filesystem (``create --disk``); Debian 13's
 # minimal root no longer brings it.
 DEFAULT_PACKAGES: tuple[str, ...] = ("python3", "iproute2", "procps", "sudo", "e2fsprogs")
+#: The image named ``base`` is E2B's base: what E2B code assumes is there (``python``
+#: 3.11+ with pip and venv, node with npm, curl, git, sudo) on top of the default packages.
+E2B_BASE_IMAGE = "base"
+E2B_BASE_PACKAGES: tuple[str, ...] = (
+    "python3-pip", "python-is-python3", "python3-venv", "nodejs", "npm", "curl", "git",
+    "ca-certificates",
+)  # fmt: skip
 DEFAULT_KERNEL_PACKAGE = "linux-image-cloud-amd64"
 #: Size of the root filesystem in bytes (2 GiB).
 DEFAULT_DISK_SIZE = 2 * 1024**3
@@ -164,9 +173,12 @@ class Recipe:
         *,
         suite: str | None = None,
     ) -> Recipe:
-        """The default recipe, named ``name``, plus the extra ``packages`` (``"a,b"``)."""
-        extra = parse_packages(packages)
-        merged = DEFAULT_PACKAGES + tuple(p for p in extra if p not in DEFAULT_PACKAGES)
+        """The default recipe, named ``name``, plus the extra ``packages`` (``"a,b"``);
+        the one named ``base`` also has :data:`E2B_BASE_PACKAGES`."""
+        extra = (E2B_BASE_PACKAGES if name == E2B_BASE_IMAGE else ()) + parse_packages(packages)
+        merged = DEFAULT_PACKAGES + tuple(
+            p for i, p in enumerate(extra) if p not in DEFAULT_PACKAGES and p not in extra[:i]
+        )
         return cls(name=name, suite=suite or host_suite(), packages=merged)
 
     @classmethod
