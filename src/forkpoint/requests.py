@@ -253,10 +253,17 @@ class CreateSessionRequest(_Request):
 
 
 class TimeoutRequest(_Request):
-    """A session's new lifetime, from now; None: it never expires. ``on_expiry``: what
-    happens then (None: as before)."""
+    """A session's new lifetime, from now (0: it ends at once — removed or paused by the
+    next expiry round); None: it never expires. ``on_expiry``: what happens then (None:
+    as before)."""
 
-    timeout_s: TimeoutS | None
+    timeout_s: (
+        Annotated[
+            Number,
+            Field(ge=0, le=MAX_TIMEOUT_S, description="Seconds from now; 0: it ends now."),
+        ]
+        | None
+    )
     on_expiry: Expiry | None = None
 
 

@@ -269,7 +269,8 @@ def port_command(
 def timeout_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
     seconds: Annotated[
-        float, typer.Argument(help="End its lifetime this many seconds from now; 0: never.")
+        str,
+        typer.Argument(help="End its lifetime this many seconds from now (0: now), or `never`."),
     ],
     on_timeout: Annotated[
         Expiry | None,
@@ -281,8 +282,16 @@ def timeout_command(
     checkpoints stay) or paused (--on-timeout pause). `forkpoint serve` and every CLI
     call enforce it."""
 
+    if seconds == "never":
+        lifetime = None
+    else:
+        try:
+            lifetime = float(seconds)
+        except ValueError:
+            raise InvalidInput(f"not a number of seconds or `never`: {seconds!r}") from None
+
     async def op(runtime: Runtime) -> Session:
-        return await runtime.set_timeout(session, seconds or None, on_timeout)
+        return await runtime.set_timeout(session, lifetime, on_timeout)
 
     s = run(op)
     if as_json:

@@ -436,7 +436,7 @@ class AsyncSandbox:
         self._info = await self._client.rollback(self.id, ck)
 
     async def set_timeout(self, seconds: float | None, on_expiry: str | None = None) -> None:
-        """End this session's lifetime ``seconds`` from now (None: never): then it is
+        """End this session's lifetime ``seconds`` from now (0: now; None: never): then it is
         removed, or paused (``on_expiry``: ``"remove"``/``"pause"``; None: as before)."""
         self._info = await self._client.set_timeout(self.id, seconds, on_expiry)
 

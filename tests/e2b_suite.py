@@ -1,0 +1,108 @@
+"""``make e2b-suite``: E2B's own SDK test suite, unmodified, against a fresh gateway.
+
+Starts ``forkpoint serve --e2b`` on free ports, exports what ``forkpoint e2b env``
+prints, runs the suite's ``tests/sync`` and ``tests/async`` (from where it lies: it is
+never copied into the project) with the given Python (a venv holding the ``e2b`` version
+forkpoint pins), and compares the outcome with ``e2b_suite_expected.txt``: every test
+listed there (each with its reason) must fail, every other one must pass. Prints the
+counts per folder.
+
+    python tests/e2b_suite.py SUITE_DIR SUITE_PYTHON [pytest args...]
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from e2b_gateway import free_port
+
+EXPECTED = Path(__file__).with_name("e2b_suite_expected.txt")
+FOLDERS = ("tests/sync", "tests/async")
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
+
+
+def expected_failures() -> dict[str, str]:
+    """Test id -> why it cannot pass here."""
+    listed: dict[str, str] = {}
+    for line in EXPECTED.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            test, _, reason = line.partition(" # ")
+            listed[test.strip()] = reason.strip()
+    return listed
+
+
+def outcomes(output: str) -> dict[str, str]:
+    """Test id -> PASSED/FAILED/ERROR/SKIPPED, from pytest's ``-rA`` summary."""
+    found: dict[str, str] = {}
+    for line in output.splitlines():
+        match = _OUTCOME.match(line)
+        if match:
+            outcome, test = match.groups()
+            if found.get(test) != "FAILED":  # a teardown error after a failure
+                found[test] = outcome
+    return found
+
+
+def main(argv: list[str]) -> int:
+    suite, python, *pytest_args = argv
+    port, proxy_port = free_port(), free_port()
+    forkpoint = [sys.executable, "-m", "forkpoint.cli.app"]
+    gateway = subprocess.Popen(
+        [*forkpoint, "serve", "--e2b", "--port", str(port), "--proxy-port", str(proxy_port)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        env_json = subprocess.run(
+            [*forkpoint, "e2b", "env", "--json", "--port", str(port),
+             "--proxy-port", str(proxy_port)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "E2B_DEBUG"} | json.loads(env_json)
+        started = time.monotonic()
+        run = subprocess.run(
+            [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "120",
+             *pytest_args, *FOLDERS],
+            cwd=suite, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        minutes = (time.monotonic() - started) / 60
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=60)
+    results = outcomes(run.stdout)
+    if not results:
+        sys.stdout.write(run.stdout[-5000:] + run.stderr[-5000:])
+        print("e2b-suite: pytest reported no outcomes")
+        return 2
+    return report(results, expected_failures(), minutes)
+
+
+def report(results: dict[str, str], listed: dict[str, str], minutes: float) -> int:
+    per_folder: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for test, outcome in results.items():
+        per_folder[test.split("::")[0].rsplit("/", 1)[0]][outcome] += 1
+    for folder, counts in sorted(per_folder.items()):
+        print(f"{folder}: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())))
+    failed = {t for t, o in results.items() if o in ("FAILED", "ERROR")}
+    unexpected = sorted(failed - set(listed))
+    fixed = sorted(t for t in listed if results.get(t) == "PASSED")
+    for test in unexpected:
+        print(f"UNEXPECTED FAILURE {test}")
+    for test in fixed:
+        print(f"UNEXPECTED PASS {test} (remove it from {EXPECTED.name})")
+    print(
+        f"e2b-suite: {sum(o == 'PASSED' for o in results.values())} passed, {len(failed)} "
+        f"failed ({len(failed & set(listed))} expected, listed with reasons in "
+        f"{EXPECTED.name}) in {minutes:.1f} min"
+    )
+    return 1 if unexpected or fixed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
