@@ -53,7 +53,11 @@ E2B_SUITE ?= ../shared/e2b-sdk-tests
 E2B_SUITE_VENV ?= $(or $(FORKPOINT_HOME),$(HOME)/.local/share/forkpoint)/e2b-suite-venv
 e2b-suite: setup
 	@test -d $(E2B_SUITE)/tests || { echo "no E2B suite at $(E2B_SUITE) (set E2B_SUITE)"; exit 2; }
-	@pin=$$($(PY) -c 'import importlib.metadata as m; print(m.version("e2b"))'); 	if [ "$$($(E2B_SUITE_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null)" != "$$pin" ]; then 	  python3 -m venv $(E2B_SUITE_VENV) && $(E2B_SUITE_VENV)/bin/pip install -q "e2b==$$pin" 	    pytest pytest-asyncio pytest-timeout python-dotenv pytest-dotenv attrs httpx; 	fi
+	@pin=$$($(PY) -c 'import importlib.metadata as m; print(m.version("e2b"))'); \
+	if [ "$$($(E2B_SUITE_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null)" != "$$pin" ]; then \
+	  python3 -m venv $(E2B_SUITE_VENV) && $(E2B_SUITE_VENV)/bin/pip install -q --disable-pip-version-check \
+	    "e2b==$$pin" pytest pytest-asyncio pytest-timeout python-dotenv pytest-dotenv attrs httpx; \
+	fi
 	$(PY) tests/e2b_suite.py $(E2B_SUITE) $(E2B_SUITE_VENV)/bin/python $(E2B_SUITE_ARGS)
 
 # The hostile-guest suite's long variants (make test runs the short ones): a minute-long

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,10 +55,11 @@ def main(argv: list[str]) -> int:
     suite, python, *pytest_args = argv
     port, proxy_port = free_port(), free_port()
     forkpoint = [sys.executable, "-m", "forkpoint.cli.app"]
+    gateway_log = tempfile.TemporaryFile()
     gateway = subprocess.Popen(
         [*forkpoint, "serve", "--e2b", "--port", str(port), "--proxy-port", str(proxy_port)],
-        stdout=subprocess.DEVNULL,
-    )
+        stdout=subprocess.DEVNULL, stderr=gateway_log,
+    )  # fmt: skip
     try:
         env_json = subprocess.run(
             [*forkpoint, "e2b", "env", "--json", "--port", str(port),
@@ -80,7 +82,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(run.stdout[-5000:] + run.stderr[-5000:])
         print("e2b-suite: pytest reported no outcomes")
         return 2
-    return report(results, expected_failures(), minutes)
+    verdict = report(results, expected_failures(), minutes)
+    if verdict:
+        gateway_log.seek(0)
+        print("the gateway's log (its end):\n" + gateway_log.read().decode()[-4000:])
+    return verdict
 
 
 def report(results: dict[str, str], listed: dict[str, str], minutes: float) -> int:

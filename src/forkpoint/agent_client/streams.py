@@ -100,8 +100,10 @@ class EventStream:
         self._over = True
         self._forget()
         if not self._future.done():
+            request = asyncio.ensure_future(
+                self._call(Op.STREAM_CANCEL, StreamCancelArgs(self.rid))
+            )
+            # Past the wait it finishes on its own, maybe failing as its connection goes.
+            request.add_done_callback(lambda done: done.cancelled() or done.exception())
             with contextlib.suppress(ForkpointError, TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(self._call(Op.STREAM_CANCEL, StreamCancelArgs(self.rid))),
-                    _CANCEL_TIMEOUT_S,
-                )
+                await asyncio.wait_for(asyncio.shield(request), _CANCEL_TIMEOUT_S)
