@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -126,6 +127,34 @@ def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) 
     assert not sbx.is_running()
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sbx.sandbox_id)
+
+
+def test_list_orders_pages_and_filters(gateway: Gateway) -> None:
+    """Newest first (or oldest with order="asc"), pages by limit and next token, filters
+    by template and start time."""
+    tag = {"list_test": str(time.time())}
+    first = Sandbox.create(timeout=600, metadata=tag)
+    second = Sandbox.create(timeout=600, metadata=tag)
+    try:
+
+        def listed(**kwargs: object) -> list[str]:
+            paginator = Sandbox.list(query=SandboxQuery(metadata=tag, **kwargs))  # type: ignore[arg-type]
+            return [s.sandbox_id for s in paginator.next_items()]
+
+        ids = [second.sandbox_id, first.sandbox_id]
+        assert listed() == ids
+        asc = Sandbox.list(query=SandboxQuery(metadata=tag), order="asc").next_items()
+        assert [s.sandbox_id for s in asc] == ids[::-1]
+        pages = Sandbox.list(query=SandboxQuery(metadata=tag), limit=1)
+        assert [s.sandbox_id for s in pages.next_items()] == ids[:1] and pages.has_next
+        assert [s.sandbox_id for s in pages.next_items()] == ids[1:] and not pages.has_next
+        assert listed(template="base") == ids and listed(template="nope") == []
+        started = second.get_info().started_at
+        assert listed(started_after=started) == ids[:1]
+        assert listed(started_after=started + timedelta(seconds=1)) == []
+    finally:
+        Sandbox.kill(first.sandbox_id)
+        Sandbox.kill(second.sandbox_id)
 
 
 def test_timeouts_are_real(gateway: Gateway) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import parse_qsl, unquote
 
 from fastapi import APIRouter, Query, Response
@@ -40,6 +40,11 @@ __all__ = ["CLIENT_ID", "api_error", "control_router"]
 
 CLIENT_ID = "forkpoint"
 _DISK_MB = 4096
+
+
+def _utc(moment: datetime) -> datetime:
+    """A naive time is UTC (as E2B's API reads it)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _iso(ts: float) -> str:
@@ -86,22 +91,31 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
         response: Response,
         state: str | None = None,
         metadata: str | None = None,
+        template: str | None = None,
+        startedAfter: datetime | None = None,
+        order: Literal["asc", "desc"] = "desc",
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         nextToken: str | None = None,
     ) -> list[ListedSandbox]:
+        """Newest first unless ``order=asc`` (by start time); pages of ``limit``, the next
+        one named by the ``x-next-token`` header."""
         wanted = set(state.split(",")) if state else {"running", "paused"}
         filters = {unquote(k): unquote(v) for k, v in parse_qsl(metadata or "")}
-        found = [
-            _listed(sandboxes, s)
-            for s in await asyncio.to_thread(sandboxes.all)
+        after = None if startedAfter is None else _utc(startedAfter).timestamp()
+        chosen = [
+            s for s in await asyncio.to_thread(sandboxes.all)
             if ("paused" if s.paused else "running") in wanted
             and all(s.record.metadata.get(k) == v for k, v in filters.items())
-        ]
+            and (template is None or s.record.template == template)
+            # started_at is kept to the millisecond in answers: compare at that precision
+            and (after is None or round(s.record.started_at, 3) >= after)
+        ]  # fmt: skip
+        chosen.sort(key=lambda s: s.record.started_at, reverse=order == "desc")
         start = int(nextToken) if nextToken and nextToken.isdigit() else 0
-        page = found[start : start + limit]
-        if start + limit < len(found):
+        page = chosen[start : start + limit]
+        if start + limit < len(chosen):
             response.headers["x-next-token"] = str(start + limit)
-        return page
+        return [_listed(sandboxes, s) for s in page]
 
     @router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
     async def info(sandbox_id: str) -> SandboxDetail:
