@@ -57,8 +57,9 @@ ALLOWED: dict[str, set[str]] = {
         "browser",
         "threads",
     },
-    # the E2B gateway: like server, plus its own table in the store (store/e2b.py)
-    "e2b": {"models", "requests", "runtime", "store", "errors", "config", "threads"},
+    # the E2B gateway: like server, plus its own table in the store (store/e2b.py) and
+    # the name of E2B's base image (its default template)
+    "e2b": {"models", "requests", "runtime", "store", "errors", "config", "threads", "images"},
     "mcp": {
         "api",
         "models",
