@@ -4,11 +4,15 @@ Every other generated create keeps a short history (``history``, ``history_keep`
 checkpoints) unless the fuzzer chose itself: a link can carry an id, not a body field, so
 this is how ``history`` and ``undo`` meet sessions that have steps.
 
-Two failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
+Three failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
 the hooks can see (and pushes are pointed at the test's S3 server, see ``map_body``):
 
 A session created (or given) a ``timeout_s`` is removed when it expires, as asked; a 404
 for it afterwards is not ``ensure_resource_availability``'s "created resource not found".
+
+A watcher's events are a long poll: asked to ``wait`` up to N s for a change, it answers
+after N s when nothing changed. Past the fuzzer's response-time limit but within its own
+``wait`` (plus a second), that is the answer asked for, not a slow one.
 
 ``use_after_free`` knows a resource by its URL path, but a guest file is named by the
 ``?path=`` query: removing ``/a`` and then reading ``/b`` of the same session looks to it
@@ -65,6 +69,9 @@ def after_call(context: Any, case: Any, response: Any) -> None:
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
     code = getattr(failure, "code", None)
+    if code == "ST112" and str(case.path).endswith("/watchers/{watcher_id}/events"):
+        wait = case.body.get("wait") if isinstance(case.body, dict) else None
+        return not (isinstance(wait, int | float) and failure.elapsed <= wait + 1)
     if code == "ST302":
         return (case.path_parameters or {}).get("session_id") not in _expiring
     if code != "ST301" or not str(failure.free).endswith("/files"):

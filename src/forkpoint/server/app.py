@@ -605,6 +605,7 @@ def _session_links(session_id: str) -> dict[str, Any]:
         }
         for target, extra in _SESSION_TARGETS.items()
     }
+    links["CreateWatcher"]["requestBody"] = {"path": "/tmp"}  # a directory every guest has
     links["ListCheckpoints"] = {
         "operationId": "list_checkpoints",
         "parameters": {"session": session_id},

@@ -32,7 +32,7 @@ from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
 from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
-from forkpoint.vm.runstate import LOADING, PAUSED, RunState, StateError, require
+from forkpoint.vm.runstate import LOADING, RESUMABLE, RunState, StateError, require
 from forkpoint.vm.shape import BootFiles, MachineShape
 from forkpoint.vm.stats import CheckpointStats
 from forkpoint.vm.written import copy_written_pages
@@ -245,8 +245,9 @@ class Machine:
         raise QemuError(f"{self.files.name}: disk d0 not found")
 
     async def resume_if_paused(self) -> None:
-        """Resume a VM left paused (e.g. by a process killed in the middle of a checkpoint)."""
-        if await self.status() in PAUSED:
+        """Resume a VM left paused (e.g. by a process killed in the middle of a checkpoint)
+        or stopped by a failed disk write (a full disk, once there is room again)."""
+        if await self.status() in RESUMABLE:
             await self._qmp.run("cont")
 
     async def status(self) -> RunState:

@@ -14,7 +14,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from forkpoint.errors import QemuError
 
-__all__ = ["LOADING", "PAUSED", "RunState", "StateError", "require"]
+__all__ = ["LOADING", "PAUSED", "RESUMABLE", "RunState", "StateError", "require"]
 
 
 class RunState(enum.StrEnum):
@@ -38,6 +38,10 @@ class RunState(enum.StrEnum):
 
 PAUSED = frozenset({RunState.PAUSED, RunState.POSTMIGRATE})
 """Stopped by a monitor command (a checkpoint, a migration): ``cont`` resumes it."""
+
+RESUMABLE = PAUSED | {RunState.IO_ERROR}
+"""What ``cont`` brings back: a monitor stop, or a stop on a failed disk write (a full
+disk: ``cont`` retries the write, and stops again if there is still no room)."""
 
 LOADING = frozenset({RunState.INMIGRATE, RunState.PRELAUNCH, *PAUSED})
 """Launched with ``-incoming``: loading, or loaded and waiting to run."""
