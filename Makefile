@@ -42,6 +42,7 @@ bytecode: venv
 image: apt venv
 	$(FP) image build
 	$(FP) image build base
+	$(FP) image build code-interpreter-v1
 
 test: setup
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)

@@ -9,6 +9,7 @@ rename/signed URLs) — written for forkpoint, not copied.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -380,3 +381,52 @@ def test_async_files_watch_and_host(gateway: Gateway) -> None:
             await sbx.kill()
 
     asyncio.run(scenario())
+
+
+def test_code_interpreter_kernel_lives_on_in_forks(gateway: Gateway) -> None:
+    """The unmodified ``e2b-code-interpreter`` SDK on ``code-interpreter-v1``: state
+    across runs, ``x = 41`` → fork x3 → ``x + 1`` is 42 in each fork with the kernel at
+    the same PID; streams, errors with tracebacks, a matplotlib PNG, a second context."""
+    import base64
+    import io
+
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+    from PIL import Image
+
+    # The first create boots the template (the kernel imports pandas and matplotlib).
+    sbx = CodeInterpreter.create(timeout=600, request_timeout=600)
+    forks: list[CodeInterpreter] = []
+    kernel = "pgrep -f ipykernel_launcher"
+    try:
+        assert sbx.run_code("x = 41").error is None
+        pid = sbx.commands.run(kernel).stdout.split()
+        assert len(pid) == 1
+        made = sbx.fork(count=3)
+        forks = [f for f in made if isinstance(f, CodeInterpreter)]
+        assert len(forks) == 3, made
+        for fork in forks:
+            assert fork.run_code("x + 1").text == "42"
+            assert fork.commands.run(kernel).stdout.split() == pid
+        forks[0].run_code("x = 0")
+        assert sbx.run_code("x").text == "41"  # a fork's kernel is its own
+
+        printed: list[str] = []
+        run = sbx.run_code("print('hello')\nx + 1", on_stdout=lambda m: printed.append(m.line))
+        assert run.logs.stdout == ["hello\n"] and printed == ["hello\n"] and run.text == "42"
+        failed = sbx.run_code("def f():\n    return 1 / 0\nf()")
+        assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+        assert "1 / 0" in re.sub(r"\x1b\[[0-9;]*m", "", failed.error.traceback)  # colours off
+
+        plot = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.show()")
+        png = next(r.png for r in plot.results if r.png)
+        with Image.open(io.BytesIO(base64.b64decode(png))) as image:
+            assert image.format == "PNG" and image.width > 100
+
+        context = sbx.create_code_context(cwd="/tmp")
+        assert sbx.run_code("import os; os.getcwd()", context=context).text == "/tmp"
+        assert sbx.run_code("'x' in globals()", context=context).text == "False"
+        assert context.id in [c.id for c in sbx.list_code_contexts()]
+        sbx.remove_code_context(context)
+    finally:
+        for sandbox in [*forks, sbx]:
+            sandbox.kill()

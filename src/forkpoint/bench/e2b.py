@@ -1,9 +1,11 @@
 """E2B through the gateway, with the real ``e2b`` SDK as the client: "E2B create → first
 command result" from a warm VM of the ``base`` template (the number public sandbox
-benchmarks publish as time to interactive) and "E2B fork x3".
+benchmarks publish as time to interactive), "create → first ``run_code`` result" from a
+warm VM of ``code-interpreter-v1`` (with ``e2b-code-interpreter``) and "E2B fork x3".
 
 The gateway runs in this event loop on loopback ports; the SDK is ``AsyncSandbox``. The
-``e2b`` package is a development dependency: without it these rows are skipped.
+``e2b`` packages are development dependencies: without them these rows are skipped, as
+is the code-interpreter row when its image was not built.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import contextlib
 import importlib.util
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from forkpoint.e2b import GatewayConfig, TokenFile, run_gateway
-from forkpoint.images.recipe import E2B_BASE_IMAGE
+from forkpoint.errors import NotFound
+from forkpoint.images import get_image
+from forkpoint.images.recipe import CODE_INTERPRETER_IMAGE, E2B_BASE_IMAGE
 from forkpoint.runtime import Runtime
 
 from .stats import Summary, summarize
@@ -50,23 +54,38 @@ async def measure_e2b(
     saved = os.environ.get("E2B_DOMAIN")
     os.environ["E2B_DOMAIN"] = config.domain
     created: list[Any] = []
-    try:
-        first: list[float] = []
+
+    async def first_result(
+        image: str, sandbox: Any, first: Callable[[Any], Awaitable[object]]
+    ) -> Summary:
+        """create → ``first(sandbox)`` answered, each from a warm VM of ``image`` (as a
+        server with FORKPOINT_WARM_VMS keeps one: started beforehand, untimed, as the
+        `create` row does)."""
+        samples: list[float] = []
         for _ in range(reps):
-            # From a warm VM, as a server with FORKPOINT_WARM_VMS keeps one: started
-            # beforehand, untimed (the `create` row does the same).
             await runtime.fill_warm(
-                image=E2B_BASE_IMAGE, memory_mib=config.memory_mib, cpus=config.cpus, count=1
+                image=image, memory_mib=config.memory_mib, cpus=config.cpus, count=1
             )
             await asyncio.sleep(0.2)  # the filler's own CPU is done
             started = time.perf_counter()
-            sbx = await AsyncSandbox.create(**opts)
+            sbx = await sandbox.create(**opts)
             created.append(sbx)
-            await sbx.commands.run("true")
-            first.append((time.perf_counter() - started) * 1000)
+            await first(sbx)
+            samples.append((time.perf_counter() - started) * 1000)
             await sbx.kill()
             created.remove(sbx)
-        out = {"create_first_command": summarize(first)}
+        return summarize(samples)
+
+    try:
+        out = {
+            "create_first_command": await first_result(
+                E2B_BASE_IMAGE, AsyncSandbox, lambda sbx: sbx.commands.run("true")
+            )
+        }
+        if (interpreter := _code_interpreter(log)) is not None:
+            out["create_first_run_code"] = await first_result(
+                CODE_INTERPRETER_IMAGE, interpreter, lambda sbx: sbx.run_code("1")
+            )
         parent = await AsyncSandbox.create(**opts)
         created.append(parent)
         forks: list[float] = []
@@ -91,3 +110,19 @@ async def measure_e2b(
             os.environ["E2B_DOMAIN"] = saved
         stop.set()
         await gateway
+
+
+def _code_interpreter(log: Callable[[str], None]) -> Any:
+    """``e2b_code_interpreter.AsyncSandbox``, or None (with why) if it cannot run here."""
+    if importlib.util.find_spec("e2b_code_interpreter") is None:
+        log("e2b: `e2b-code-interpreter` is not installed; its row is skipped")
+        return None
+    try:
+        get_image(CODE_INTERPRETER_IMAGE)
+    except NotFound:
+        log(f"e2b: no {CODE_INTERPRETER_IMAGE} image (`forkpoint image build "
+            f"{CODE_INTERPRETER_IMAGE}`); its row is skipped")  # fmt: skip
+        return None
+    from e2b_code_interpreter import AsyncSandbox
+
+    return AsyncSandbox

@@ -1,5 +1,6 @@
 """The gateway's HTTP app on port P: E2B's control plane (``X-API-KEY`` = forkpoint's
-token) and the envd emulation (each sandbox's ``X-Access-Token``) side by side."""
+token) and the envd emulation (each sandbox's ``X-Access-Token``) side by side, and the
+requests for other sandbox ports passed through to the guest (``port_router``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from forkpoint.requests import describe_invalid
 
 from .control import api_error, control_router
 from .envd import envd_router
+from .port_router import SandboxPortRouter
 from .sandboxes import Sandboxes
 
 __all__ = ["create_e2b_app"]
@@ -32,6 +34,7 @@ def create_e2b_app(sandboxes: Sandboxes, api_key: Callable[[], str]) -> FastAPI:
     app = FastAPI(title="forkpoint E2B gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])
     app.include_router(envd_router(sandboxes))
+    app.add_middleware(SandboxPortRouter, sandboxes=sandboxes)
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_request: Request, _error: Exception) -> JSONResponse:

@@ -43,6 +43,10 @@ def command_env(extra: dict[str, str]) -> dict[str, str]:
         "HOME": "/root",
         "LANG": "C.UTF-8",
         "TERM": "dumb",
+        # The guest CPU (qemu64) says AuthenticAMD, so OpenBLAS (numpy's, matplotlib's)
+        # picks its Opteron kernels, whose instructions that model lacks: SIGILL. Prescott
+        # is exactly qemu64's level (SSE3).
+        "OPENBLAS_CORETYPE": "Prescott",
     }
     env.update(extra)
     return env

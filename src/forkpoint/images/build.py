@@ -154,6 +154,8 @@ def _build_in(
     extra: dict[str, object] = {}
     if source is None:
         build_rootfs(recipe, work, work / ROOTFS_FILE, cache, log=log)
+        if (config := recipe.image_config()) is not None:
+            extra["config"] = config
     else:
         extra = build_oci_rootfs(
             source, work, work / ROOTFS_FILE, recipe.disk_size, start=recipe.start, log=log

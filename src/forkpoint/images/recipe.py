@@ -22,8 +22,11 @@ __all__ = [
     "DEFAULT_DISK_SIZE",
     "DEFAULT_KERNEL_PACKAGE",
     "DEFAULT_PACKAGES",
+    "CODE_INTERPRETER_IMAGE",
     "E2B_BASE_IMAGE",
     "E2B_BASE_PACKAGES",
+    "KNOWN_IMAGES",
+    "KnownImage",
     "FORMAT_VERSION",
     "Recipe",
     "guest_files",
@@ -45,6 +48,34 @@ E2B_BASE_PACKAGES: tuple[str, ...] = (
     "python3-pip", "python-is-python3", "python3-venv", "nodejs", "npm", "curl", "git",
     "ca-certificates",
 )  # fmt: skip
+#: E2B's code-interpreter template: base + Jupyter's Python kernel and the data packages
+#: its users reach for first, served on port 49999 by ``guest/interpreter.py``.
+CODE_INTERPRETER_IMAGE = "code-interpreter-v1"
+
+
+@dataclass(frozen=True)
+class KnownImage:
+    """An image forkpoint knows by name: its packages beyond the default ones, and the
+    service its template starts (``start``, an argv) and waits for (``ready``, a shell
+    command that exits 0 once the service answers)."""
+
+    packages: tuple[str, ...]
+    start: tuple[str, ...] = ()
+    ready: str | None = None
+
+
+KNOWN_IMAGES: dict[str, KnownImage] = {
+    E2B_BASE_IMAGE: KnownImage(E2B_BASE_PACKAGES),
+    CODE_INTERPRETER_IMAGE: KnownImage(
+        E2B_BASE_PACKAGES
+        + ("python3-ipykernel", "python3-jupyter-client", "python3-matplotlib",
+           "python3-numpy", "python3-pandas"),
+        # Where rootfs.AGENT_ROOT puts the guest files; -P keeps the script's directory
+        # (the agent's modules) off sys.path.
+        start=("python3", "-P", "/opt/forkpoint/forkpoint/guest/interpreter.py"),
+        ready="curl -sf -o /dev/null http://127.0.0.1:49999/health",
+    ),
+}  # fmt: skip
 DEFAULT_KERNEL_PACKAGE = "linux-image-cloud-amd64"
 #: Size of the root filesystem in bytes (2 GiB).
 DEFAULT_DISK_SIZE = 2 * 1024**3
@@ -153,6 +184,10 @@ class Recipe:
     start: bool = False
     #: The Python the agent brings along into an OCI image (``images/agent_python.py``).
     agent_python: str | None = None
+    #: A Debian image's service (:class:`KnownImage`): started when its template boots,
+    #: and the shell command that says it is ready.
+    start_command: tuple[str, ...] = ()
+    ready_command: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name) or self.name in {"names"}:
@@ -174,12 +209,16 @@ class Recipe:
         suite: str | None = None,
     ) -> Recipe:
         """The default recipe, named ``name``, plus the extra ``packages`` (``"a,b"``);
-        the one named ``base`` also has :data:`E2B_BASE_PACKAGES`."""
-        extra = (E2B_BASE_PACKAGES if name == E2B_BASE_IMAGE else ()) + parse_packages(packages)
+        a name in :data:`KNOWN_IMAGES` also brings that image's packages and service."""
+        known = KNOWN_IMAGES.get(name, KnownImage(()))
+        extra = known.packages + parse_packages(packages)
         merged = DEFAULT_PACKAGES + tuple(
             p for i, p in enumerate(extra) if p not in DEFAULT_PACKAGES and p not in extra[:i]
         )
-        return cls(name=name, suite=suite or host_suite(), packages=merged)
+        return cls(
+            name=name, suite=suite or host_suite(), packages=merged,
+            start_command=known.start, ready_command=known.ready,
+        )  # fmt: skip
 
     @classmethod
     def for_oci(cls, name: str, base: str, *, start: bool = True) -> Recipe:
@@ -201,7 +240,20 @@ class Recipe:
         if self.base is None:  # Debian images: the same JSON, so the same hash, as before
             for key in ("base", "start", "agent_python"):
                 del data[key]
+        if self.start_command:
+            data["start_command"] = list(self.start_command)
+        else:  # only images with a service say so: the others keep their hash
+            del data["start_command"], data["ready_command"]
         return data
+
+    def image_config(self) -> dict[str, Any] | None:
+        """A Debian image's ``config`` in its manifest (as an OCI image's; None: none)."""
+        if not self.start_command:
+            return None
+        return {
+            "env": {}, "cwd": None, "user": None, "start": list(self.start_command),
+            "ready": self.ready_command,
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
@@ -216,6 +268,8 @@ class Recipe:
             base=None if data.get("base") is None else str(data["base"]),
             start=bool(data.get("start", False)),
             agent_python=None if data.get("agent_python") is None else str(data["agent_python"]),
+            start_command=tuple(str(a) for a in data.get("start_command") or ()),
+            ready_command=None if data.get("ready_command") is None else str(data["ready_command"]),
         )
 
     def hash(self) -> str:

@@ -14,6 +14,7 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
+from forkpoint.protocol import SpawnResult
 from forkpoint.runtime.checkpoints.writer import Checkpointer, CheckpointOrigin
 from forkpoint.runtime.sessions.limits import prepare_cgroup, remove_cgroup
 from forkpoint.runtime.sessions.machines import SESSIONLESS, boot_files, new_layer_name
@@ -28,6 +29,9 @@ _LOCK_TIMEOUT_S = 300.0
 #: template is checkpointed anyway (a server's first request then waits for the rest).
 _LISTEN_WAIT_S = 30.0
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+#: How long an image's service may take to pass its ready check (a Jupyter kernel importing
+#: pandas and matplotlib takes about a minute under TCG).
+_READY_WAIT_S = 300.0
 
 
 class Templates:
@@ -120,14 +124,20 @@ async def _listeners(agent: AgentClient, pid: int) -> tuple[int, bool] | None:
 
 
 async def _start_image_command(agent: AgentClient, image: Image) -> None:
-    """Start an OCI image's ``ENTRYPOINT``/``CMD`` (as its ``USER``, in its ``WORKDIR``) in
-    the background, so every session of the template has it running; wait (bounded) until
-    it listens on a new TCP port, so a fresh session's server answers at once."""
-    argv = [str(a) for a in (image.config or {}).get("start") or []]
+    """Start an image's service — an OCI image's ``ENTRYPOINT``/``CMD`` (as its ``USER``,
+    in its ``WORKDIR``), a known image's ``start`` — in the background, so every session of
+    the template has it running. Wait until its ready check passes (a known image's), or
+    (bounded) until it listens on a new TCP port, so a fresh session's server answers at
+    once."""
+    config = image.config or {}
+    argv = [str(a) for a in config.get("start") or []]
     if not argv:
         return
     before = await _listeners(agent, 0)
     started = await agent.spawn(argv)
+    if config.get("ready"):
+        await _wait_ready(agent, image, started, str(config["ready"]))
+        return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _LISTEN_WAIT_S
     while before is not None and loop.time() < deadline:
@@ -135,3 +145,27 @@ async def _start_image_command(agent: AgentClient, image: Image) -> None:
         if now is None or now[0] > before[0] or not now[1]:
             return
         await asyncio.sleep(0.2)
+
+
+async def _wait_ready(agent: AgentClient, image: Image, service: SpawnResult, ready: str) -> None:
+    """Run ``ready`` until it exits 0.
+
+    :raises InternalError: the service exited, or was not ready in time (with the last
+        line it wrote).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _READY_WAIT_S
+    while True:
+        check = await agent.exec(["/bin/sh", "-c", ready], user="root", timeout=30)
+        if check.exit_code == 0:
+            return
+        listed = await _listeners(agent, service.pid)
+        exited = listed is not None and not listed[1]
+        if exited or loop.time() > deadline:
+            log = await agent.exec(["tail", "-n", "1", service.log_path], user="root")
+            last = log.stdout.decode(errors="replace").strip() or "no output"
+            state = "exited" if exited else "was not ready in time"
+            raise InternalError(
+                f"image {image.name}: its service {state} (ready check: {ready}): {last}"
+            )
+        await asyncio.sleep(0.25)
