@@ -78,7 +78,13 @@ async def _exchange(scope: Scope, receive: Receive, send: Send, reader: Any, wri
     conn = h11.Connection(our_role=h11.CLIENT)
     target = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
-    if not any(k.lower() == b"content-length" for k, _ in headers):
+    first = await receive()
+    if first["type"] == "http.disconnect":
+        return
+    if not first.get("more_body", False):  # the whole body at hand: say its length
+        headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(first.get("body", b""))).encode()))
+    elif not any(k.lower() == b"content-length" for k, _ in headers):
         headers.append((b"transfer-encoding", b"chunked"))
     headers.append((b"connection", b"close"))
 
@@ -88,14 +94,15 @@ async def _exchange(scope: Scope, receive: Receive, send: Send, reader: Any, wri
             await writer.drain()
 
     await put(h11.Request(method=scope["method"], target=target, headers=headers))
+    message = first
     while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
         if body := message.get("body", b""):
             await put(h11.Data(data=body))
         if not message.get("more_body", False):
             break
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
     await put(h11.EndOfMessage())
     pump = asyncio.ensure_future(_answer(conn, reader, send))
     gone = asyncio.ensure_future(_disconnected(receive))

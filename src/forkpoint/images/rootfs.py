@@ -228,7 +228,23 @@ def install_guest_files(tree: Path, hostname: str = "forkpoint") -> list[str]:
         resolv.unlink()
     resolv.write_text("nameserver 10.0.2.3\n")
     written += ["/etc/hostname", "/etc/hosts", "/etc/resolv.conf"]
+    if _quicker_login_profile(etc / "profile"):
+        written.append("/etc/profile")
     return written
+
+
+def _quicker_login_profile(profile: Path) -> bool:
+    """Debian's ``/etc/profile`` runs ``id -u`` to pick PATH: a process per login shell,
+    ≈ 40 ms of E2B's every command (``bash -l -c``) under TCG. bash knows its ``EUID``;
+    other shells still ask ``id``. Returns whether the file changed."""
+    if profile.is_symlink() or not profile.is_file():
+        return False
+    text = profile.read_text(errors="surrogateescape")
+    quicker = text.replace('"$(id -u)"', '"${EUID:-$(id -u)}"')
+    if quicker == text:
+        return False
+    profile.write_text(quicker, errors="surrogateescape")
+    return True
 
 
 def _run(argv: list[str], what: str) -> None:

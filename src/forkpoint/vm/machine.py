@@ -157,6 +157,10 @@ class Machine:
         """Run a paused VM."""
         await self._qmp.run("cont")
 
+    async def pause(self) -> None:
+        """Pause a running VM (its vCPUs stop; QEMU keeps everything else)."""
+        await self._qmp.run("stop")
+
     @classmethod
     async def start(
         cls,

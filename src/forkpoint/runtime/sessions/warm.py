@@ -2,13 +2,15 @@
 
 QEMU's start-up (≈ 35 ms of CPU: exec, 51 libraries, relocating an 18 MB binary) is the
 floor of every restore and more than half of a create; loading the device state is
-another ≈ 10 ms. A warm VM is a restore stopped just before the guest runs: QEMU started
+another ≈ 10 ms. A warm VM is a restore done ahead, paused: QEMU started
 as a create's restore starts it (``-incoming defer``, mapping the template's RAM file, on
 a new disk layer of its own, in its own cgroup, as its own uid, its egress rules
 installed for the default policy), passt connected and forwarding host ports reserved
-for it, the state loaded, the VM paused — for a session id minted ahead: its directory,
-``-name``, uid, cgroup and host ports are already the session's. A create that takes one
-only records it and runs it (see ``machines.start_restored``).
+for it, the state loaded, the guest run once through a first command (``_warm_up``: under
+TCG the create's first command then finds its code translated) and paused — for a
+session id minted ahead: its directory, ``-name``, uid, cgroup and host ports are already
+the session's. A create that takes one only records it, runs it and hands the guest its
+identity (see ``machines.start_restored``).
 
 Kept: ``FORKPOINT_WARM_VMS`` per (template, machine shape with its QEMU build, network,
 forwarded guest ports) that creates used, refilled after each create by whoever made it
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
+from forkpoint.agent_client import AgentClient
 from forkpoint.config import Home
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
@@ -49,6 +52,7 @@ from forkpoint.vm.process import is_running
 __all__ = ["WarmPool", "WarmTarget", "vm_files"]
 
 _ABANDONED_S = 60.0
+_WARM_UP_S = 30.0
 
 
 def vm_files(home: Home, session_id: str) -> VmFiles:
@@ -159,6 +163,7 @@ class WarmPool:
 
                     await machine.attach_network(connect)
                 await machine.restore(checkpoint.state, run=False)
+                await _warm_up(machine, files)
             finally:
                 await machine.close()
             if passt_pid is not None:
@@ -191,3 +196,23 @@ class WarmPool:
         remove_session_files(files)
         with contextlib.suppress(OSError):
             (self.home.layers / record.disk_layer).unlink()
+
+
+async def _warm_up(machine: Machine, files: VmFiles) -> None:
+    """Run the guest once through what a create's first command does — the agent's
+    handshake, a shell, a login shell as ``user`` (E2B's commands) — then pause it again.
+
+    Under TCG a restored VM's first command pays for translating that guest code (the
+    agent's first answer took ≈ 200 ms, a first ``bash -l`` 190 ms); QEMU keeps its
+    translations while paused, so the create that takes this VM does not. Its identity
+    (clock, RNG seed, hostname) is still handed over when the create runs it.
+    """
+    await machine.run()
+    try:
+        async with await AgentClient.connect(files.agent_socket, timeout=_WARM_UP_S) as agent:
+            await agent.hello()
+            await agent.exec(["/bin/sh", "-c", "true"], timeout=_WARM_UP_S)
+            with contextlib.suppress(ForkpointError):  # an image without bash or `user`
+                await agent.exec(["/bin/bash", "-l", "-c", "true"], user="user", timeout=_WARM_UP_S)
+    finally:
+        await machine.pause()
