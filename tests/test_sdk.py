@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import shutil
 import signal
@@ -392,3 +393,31 @@ def test_a_terminal_file_metadata_and_a_watcher_over_the_rest_api(api: str, vm_r
         assert b"got-forkpoint" in b"".join(output)
         with pytest.raises(InvalidInput):
             sb.terminals.open(cols=0)
+
+
+def test_a_running_server_samples_metrics(api: str, vm_ready: None) -> None:
+    """`forkpoint serve` samples its running sessions every 5 s: CPU as a share of the
+    vCPUs (a spinning guest shows it), memory and disk as the guest counts them; a time
+    range bounds them; the CLI shows the same samples."""
+    from datetime import UTC, datetime, timedelta
+
+    with Sandbox.create(base_url=api) as sb:
+        started = datetime.now(UTC)
+        sb.commands.run("timeout 12 sh -c 'while :; do :; done'", background=True)
+        deadline = time.monotonic() + 60
+        while not [m for m in sb.metrics(start=started) if m.cpu_used_pct > 50]:
+            assert time.monotonic() < deadline, sb.metrics()
+            time.sleep(1)
+        sample = sb.metrics()[-1]
+        assert sample.cpu_count == 1 and 0 <= sample.cpu_used_pct <= 100
+        assert 400 * 2**20 < sample.mem_total <= 512 * 2**20
+        assert 0 < sample.mem_used < sample.mem_total and 0 < sample.mem_cache < sample.mem_total
+        assert 0 < sample.disk_used < sample.disk_total
+        assert sb.metrics(end=started - timedelta(hours=1)) == []
+        with pytest.raises(InvalidInput, match="after end"):
+            sb.metrics(start=started, end=started - timedelta(hours=1))
+        shown = subprocess.run(
+            [str(FORKPOINT), "metrics", sb.id, "--json"], capture_output=True, text=True,
+            check=True,
+        )  # fmt: skip
+        assert sample.at in [m["at"] for m in json.loads(shown.stdout)]

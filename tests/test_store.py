@@ -32,6 +32,7 @@ from forkpoint.store import (
     global_lock,
     session_lock,
     session_lock_async,
+    utc_now,
 )
 from forkpoint.store.db import session_uids
 from forkpoint.store.e2b import E2bStore
@@ -234,6 +235,27 @@ def test_session_round_trip(store: Store) -> None:
     store.delete_session(created.id)
     assert store.list_sessions() == []
     assert store.allocated_host_ports() == set()
+
+
+def test_metrics_are_kept_an_hour_and_go_with_their_session(store: Store) -> None:
+    from forkpoint.models import Metric
+    from forkpoint.store.metrics import MetricsStore
+
+    rows = MetricsStore(store)
+    session = _session(store)
+
+    def sample(at: str, pct: float = 5.0) -> Metric:
+        return Metric(at, 1, pct, 100, 512, 10, 200, 2048)
+
+    rows.add([(session.id, sample(utc_now(7200))), (session.id, sample(utc_now(60), 1.0)),
+              (session.id, sample(utc_now(5), 2.0)), ("s-gone000000", sample(utc_now()))])  # fmt: skip
+    kept = rows.between(session.id, None, None)
+    assert [m.cpu_used_pct for m in kept] == [1.0, 2.0]  # the 2 h old one pruned, oldest first
+    assert rows.between(session.id, utc_now(30), None) == kept[1:]
+    assert rows.between(session.id, None, utc_now(30)) == kept[:1]
+    assert rows.between("s-gone000000", None, None) == []  # no session, no rows
+    store.delete_session(session.id)
+    assert rows.between(session.id, None, None) == []
 
 
 def test_every_session_gets_a_uid_of_its_own(store: Store) -> None:

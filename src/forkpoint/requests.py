@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -72,6 +73,7 @@ __all__ = [
     "UndoRequest",
     "WatchRequest",
     "WatcherEventsRequest",
+    "MetricsRequest",
     "RollbackRequest",
     "TimeoutRequest",
     "TimeoutS",
@@ -443,6 +445,14 @@ class WatcherEventsRequest(_Request):
     """``wait``: with no change yet, wait up to this many seconds for the first."""
 
     wait: Annotated[Number, Field(ge=0, le=60)] = 0.0
+
+
+class MetricsRequest(_Request):
+    """The samples taken from ``start`` to ``end`` (ISO 8601; without a zone: UTC; either
+    may be left out)."""
+
+    start: datetime | None = None
+    end: datetime | None = None
 
 
 class UndoRequest(_Request):

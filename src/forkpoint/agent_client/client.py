@@ -39,6 +39,7 @@ from ..protocol import (
     ExecArgs,
     ExecResult,
     FrameDecoder,
+    GuestStats,
     HelloArgs,
     HelloResult,
     KillArgs,
@@ -760,6 +761,10 @@ class AgentClient:
         """Remove a file, symlink or directory tree. Raises NotFound / InvalidInput."""
         args = _model(RemoveArgs, path=path, recursive=recursive)
         return await self._simple(Op.REMOVE, args, RemoveResult)
+
+    async def stats(self) -> GuestStats:
+        """The guest's memory and root filesystem use (bytes)."""
+        return await self._simple(Op.STATS, Empty(), GuestStats)
 
     async def ps(self) -> list[ProcessInfo]:
         """Processes in the guest (kernel threads left out), by pid."""

@@ -35,6 +35,7 @@ from forkpoint.models import (
     FileCheck,
     FileEvent,
     HistoryStep,
+    Metric,
     OperationKind,
     Port,
     Process,
@@ -48,6 +49,7 @@ from forkpoint.requests import (
     CreateSessionRequest,
     DiffRequest,
     ForkRequest,
+    MetricsRequest,
     PortRequest,
     PullRequest,
     PushRequest,
@@ -201,6 +203,10 @@ async def _remove_watcher(rt: Runtime, ids: Ids, request: None) -> None:
     await rt.remove_watcher(ids["session_id"], ids["watcher_id"])
 
 
+async def _metrics(rt: Runtime, ids: Ids, request: MetricsRequest) -> list[Metric]:
+    return await rt.metrics(ids["session_id"], request.start, request.end)
+
+
 async def _processes(rt: Runtime, ids: Ids, request: None) -> list[Process]:
     return await rt.ps(ids["session_id"])
 
@@ -318,6 +324,12 @@ OPERATIONS: tuple[Op, ...] = (
         "back to the checkpoint taken before them, including processes they killed or "
         "started and files they wrote or deleted. steps=2 undoes the last two "
         "commands/writes.",
+    ),
+    Op(
+        "metrics", "GET", f"{_S}/metrics", _metrics, "A session's metrics", "sessions",
+        MetricsRequest, list[Metric], mcp=True,
+        description="CPU, memory and disk of a running session, sampled every 5 s by a "
+        "long-lived door (serve, MCP, E2B) and kept an hour; start/end bound the time.",
     ),
     Op("processes", "GET", f"{_S}/processes", _processes, "A session's processes",
        "commands", response=list[Process]),

@@ -26,6 +26,7 @@ def _register_all() -> None:
         guest,
         history,
         images,
+        metrics,
         serve,
         sessions,
         shell,
@@ -40,6 +41,7 @@ def _register_all() -> None:
     checkpoints.register(app)
     browser.register(app)
     history.register(app)
+    metrics.register(app)
     demo.register(app)
     bench.register(app)
     serve.register(app)

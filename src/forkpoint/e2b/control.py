@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
 from forkpoint.errors import Conflict, ForkpointError
+from forkpoint.models import Metric
 
 from .sandboxes import Sandbox, Sandboxes
 from .wire import (
@@ -203,9 +204,18 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
         return Response(status_code=204)
 
     @router.get("/sandboxes/{sandbox_id}/metrics")
-    async def metrics(sandbox_id: str) -> list[object]:
-        await asyncio.to_thread(sandboxes.get, sandbox_id)
-        return []
+    async def metrics(
+        sandbox_id: str, start: int | None = None, end: int | None = None
+    ) -> list[dict[str, object]]:
+        """The session's samples (``Runtime.metrics``); ``start``/``end`` in Unix seconds,
+        ``end`` taken as its whole second."""
+        sandbox = await asyncio.to_thread(sandboxes.get, sandbox_id)
+        samples = await sandboxes.runtime.metrics(
+            sandbox.id,
+            None if start is None else datetime.fromtimestamp(start, UTC),
+            None if end is None else datetime.fromtimestamp(end + 0.999, UTC),
+        )
+        return [_metric(m) for m in samples]
 
     @router.post("/sandboxes/{sandbox_id}/rollback", response_model=SandboxOut)
     async def rollback(sandbox_id: str, body: RollbackBody) -> SandboxOut:
@@ -226,3 +236,14 @@ def api_error(error: ForkpointError) -> JSONResponse:
     if error.http_status == 429:  # the runtime's admission: when to try again
         response.headers["retry-after"] = str(math.ceil(error.retry_after_s or 1))
     return response
+
+
+def _metric(sample: Metric) -> dict[str, object]:
+    """A sample as E2B's ``SandboxMetric``."""
+    moment = datetime.fromisoformat(sample.at.replace("Z", "+00:00"))
+    return {
+        "timestamp": sample.at, "timestampUnix": int(moment.timestamp()),
+        "cpuCount": sample.cpu_count, "cpuUsedPct": sample.cpu_used_pct,
+        "memUsed": sample.mem_used, "memTotal": sample.mem_total, "memCache": sample.mem_cache,
+        "diskUsed": sample.disk_used, "diskTotal": sample.disk_total,
+    }  # fmt: skip

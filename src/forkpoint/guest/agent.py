@@ -45,6 +45,7 @@ from .identity import IdentityOps
 from .process_table import ProcessTable
 from .procs import ProcessOps
 from .scan import ScanOps
+from .stats import guest_stats
 from .streams import StreamRegistry
 from .transport import (
     Disconnected,
@@ -141,6 +142,7 @@ class Agent:
             Op.SCAN: self.scans.scan,
             Op.WATCH_DIR: self.watches.watch,
             Op.WATCH_FLUSH: self.watches.flush,
+            Op.STATS: guest_stats,
         }
 
     def _cancel_stream(self, ctx: Context, args: StreamCancelArgs) -> Empty:

@@ -117,6 +117,7 @@ __all__ = [
     "FileEntry",
     "FileEvent",
     "Watcher",
+    "Metric",
     "FileStat",
     "Health",
     "HistoryStep",
@@ -225,6 +226,25 @@ class Watcher:
     path: str
     recursive: bool = False
     entries: bool = False
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One sample of a running session's use (``Runtime.metrics``), taken every few
+    seconds. ``at``: when (the store's UTC timestamp). ``cpu_used_pct``: the host CPU its
+    VM used since the sample before, as a share of its vCPUs (0–100). Memory and disk in
+    bytes as the guest counts them: ``mem_used`` = total − available, ``mem_cache`` its
+    page cache, the root filesystem's size and use. An idle guest is not woken to be
+    measured: its memory and disk are those of its last sample."""
+
+    at: str
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
 
 
 @dataclass(frozen=True)

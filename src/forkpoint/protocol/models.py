@@ -50,6 +50,7 @@ __all__ = [
     "Op",
     "PathArgs",
     "ProcessInfo",
+    "GuestStats",
     "PsResult",
     "ListeningSocket",
     "ScanArgs",
@@ -129,6 +130,8 @@ class Op(StrEnum):
     # a directory's changes (inotify), streamed; flushed on request
     WATCH_DIR = "watch_dir"
     WATCH_FLUSH = "watch_flush"
+    # the guest's memory and root filesystem use, for a session's metrics
+    STATS = "stats"
 
 
 def _check_path(path: str, what: str = "path") -> None:
@@ -458,6 +461,18 @@ class ProcessInfo:
     pid: int
     ppid: int
     cmd: str
+
+
+@dataclass(frozen=True, slots=True)
+class GuestStats:
+    """Bytes, as the guest's kernel counts them: RAM (``/proc/meminfo``: total, available,
+    page cache) and the root filesystem (``statvfs``: total, used)."""
+
+    mem_total: int
+    mem_available: int
+    mem_cached: int
+    disk_total: int
+    disk_used: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -852,5 +867,6 @@ OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.SCAN: (ScanArgs, ScanResult),
     Op.WATCH_DIR: (WatchDirArgs, WatchEndResult),
     Op.WATCH_FLUSH: (WatchFlushArgs, Empty),
+    Op.STATS: (Empty, GuestStats),
 }
 """Args and result model of each op."""

@@ -26,6 +26,7 @@ from forkpoint.runtime.guest.watchers import Watchers
 from forkpoint.runtime.history.service import History
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.inspection.service import Inspection
+from forkpoint.runtime.metrics import Metrics
 from forkpoint.runtime.queries import Queries
 from forkpoint.runtime.restore.prepare import RollbackPreparer
 from forkpoint.runtime.restore.service import Restore
@@ -58,6 +59,7 @@ class Runtime(Queries):
         guest = Guest(link, history)
         lifetimes = Lifetimes(context, sessions, checkpoints, restore, collector)
         inspection = Inspection(context, restore, sessions, link)
+        metrics = Metrics(context, link)
         self.watchers = watchers = Watchers(
             guest.watch_dir, lambda ref: context.store.get_session(ref).id
         )
@@ -98,6 +100,8 @@ class Runtime(Queries):
         self.diff = inspection.diff
         self.diff_forks = inspection.diff_forks
         self.rollback_preview = inspection.rollback_preview
+        self.metrics = metrics.metrics
+        self.sample_metrics = metrics.sample
         self.agent = link.agent
         self.exec = guest.exec
         self.spawn = guest.spawn

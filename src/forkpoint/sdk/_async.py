@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -23,6 +24,7 @@ from forkpoint.models import (
     FileEntry,
     FileEvent,
     HistoryStep,
+    Metric,
     Network,
     Process,
     ProcessEvent,
@@ -472,6 +474,14 @@ class AsyncSandbox:
             a=ck or self.id, b=self.id if ck else None, patch=patch, include_tmp=include_tmp,
             exclude=list(exclude),
         )  # fmt: skip
+
+    async def metrics(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[Metric]:
+        """CPU, memory and disk samples from ``start`` to ``end`` (None: unbounded),
+        oldest first: taken every 5 s while a long-lived door (``forkpoint serve``) runs,
+        kept an hour. :raises InvalidInput: start after end."""
+        return await self._client.metrics(self.id, start, end)
 
     async def history(self) -> list[HistoryStep]:
         """The steps of a session created with ``history=True``, oldest first.

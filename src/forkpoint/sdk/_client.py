@@ -28,6 +28,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
@@ -46,6 +47,7 @@ from forkpoint.models import (
     FileCheck,
     FileEntry,
     HistoryStep,
+    Metric,
     Port,
     Process,
     ProcessEvent,
@@ -200,6 +202,9 @@ class ApiClient:
         for param, value in zip(op.ids, ids, strict=True):
             path = re.sub(r"\{" + param + r"(:[a-z_]+)?\}", _seg(value), path)
         json = (body or {}) if op.request is not None else None
+        if op.method == "GET":  # a GET's request is its query string
+            query = {k: v for k, v in (json or {}).items() if v is not None}
+            return await self._parse(op.response, op.method, path, params=query)
         if op.cost is not None and op.cost.kind is not None:
             return await self._long(op.response, op.method, path, json=json)
         if op.response is None:
@@ -259,6 +264,13 @@ class ApiClient:
     async def history(self, session: str) -> list[HistoryStep]:
         steps: list[HistoryStep] = await self.call("history", session)
         return steps
+
+    async def metrics(
+        self, session: str, start: datetime | None, end: datetime | None
+    ) -> list[Metric]:
+        query = {k: v.isoformat() for k, v in (("start", start), ("end", end)) if v is not None}
+        samples: list[Metric] = await self.call("metrics", session, body=query)
+        return samples
 
     async def undo(self, session: str, steps: int) -> Session:
         undone: Session = await self.call("undo", session, body={"steps": steps})

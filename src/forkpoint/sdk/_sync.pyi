@@ -1,6 +1,7 @@
 # Generated from _async.py by `python -m forkpoint.sdk._stubgen`: do not edit.
 # The types of the blocking twin that _sync.py builds at import time.
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -15,6 +16,7 @@ from forkpoint.models import (
     FileEntry,
     FileEvent,
     HistoryStep,
+    Metric,
     Network,
     Process,
     Session,
@@ -174,6 +176,9 @@ class Sandbox(SyncTwin):
         include_tmp: bool = False,
         exclude: Sequence[str] = (),
     ) -> StateDiff: ...
+    def metrics(
+        self, start: datetime | None = None, end: datetime | None = None
+    ) -> list[Metric]: ...
     def history(self) -> list[HistoryStep]: ...
     def undo(self, steps: int = 1) -> None: ...
     def kill(self) -> None: ...

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Body, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -285,8 +285,9 @@ def _router(
         one's ``?wait=``; admitted by the runtime's policy before it runs."""
         heavy_kind = op.cost.kind if op.cost is not None else None
         params = [_keyword(name, _ID_PARAMS[name]) for name in op.ids]
-        if op.request is not None:
-            params.append(_keyword("body", op.request))
+        if op.request is not None:  # a GET's request is its query string
+            where = Query() if op.method == "GET" else Body()
+            params.append(_keyword("body", Annotated[op.request, where]))
         if heavy_kind is not None:
             params.append(_keyword("wait", Wait, default_wait))
 

@@ -228,6 +228,27 @@ def _v9_purpose_and_expiry(conn: sqlite3.Connection) -> None:
     migrate_e2b_onto_sessions(conn)
 
 
+def _v10_metrics(conn: sqlite3.Connection) -> None:
+    """A running session's use sampled every few seconds (``store/metrics.py``), gone with
+    the session; kept an hour."""
+    _run(
+        conn,
+        """CREATE TABLE metrics (
+            session_id   TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            at           TEXT NOT NULL,
+            cpu_count    INTEGER NOT NULL,
+            cpu_used_pct REAL NOT NULL,
+            mem_used     INTEGER NOT NULL,
+            mem_total    INTEGER NOT NULL,
+            mem_cache    INTEGER NOT NULL,
+            disk_used    INTEGER NOT NULL,
+            disk_total   INTEGER NOT NULL,
+            PRIMARY KEY (session_id, at)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX metrics_at ON metrics(at)",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -238,6 +259,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v7_warm_loaded,
     _v8_standbys,
     _v9_purpose_and_expiry,
+    _v10_metrics,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
