@@ -430,3 +430,42 @@ def test_code_interpreter_kernel_lives_on_in_forks(gateway: Gateway) -> None:
     finally:
         for sandbox in [*forks, sbx]:
             sandbox.kill()
+
+
+def test_traffic_token_and_auto_resume_on_a_port(gateway: Gateway) -> None:
+    """With public traffic off, a sandbox's ports answer only requests carrying its
+    traffic token (403 otherwise, and a refused request wakes nothing); with auto-resume,
+    a request to a paused sandbox's port resumes it and is answered, no retry."""
+    from e2b import SandboxNetworkOpts
+
+    sbx = Sandbox.create(
+        timeout=600, secure=True, network=SandboxNetworkOpts(allow_public_traffic=False),
+        lifecycle={"on_timeout": "pause", "auto_resume": True},
+    )  # fmt: skip
+    try:
+        token = sbx.traffic_access_token
+        assert token
+        assert Sandbox.get_info(sbx.sandbox_id).lifecycle == {"auto_resume": True,
+                                                              "on_timeout": "pause"}  # fmt: skip
+        sbx.commands.run("python3 -m http.server 8002", background=True, cwd="/tmp")
+        url = f"https://{sbx.get_host(8002)}/"
+        allowed = {"e2b-traffic-access-token": token}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url, headers=allowed).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{url} did not answer"
+            time.sleep(0.5)
+        assert httpx.get(url).status_code == 403
+        assert httpx.get(url, headers={"e2b-traffic-access-token": "wrong"}).status_code == 403
+
+        assert sbx.pause() is True
+        assert httpx.get(url).status_code == 403 and not sbx.is_running()
+        woken = httpx.get(url, headers=allowed, timeout=120)
+        assert woken.status_code == 200 and "Directory listing" in woken.text
+        assert sbx.is_running()
+    finally:
+        sbx.kill()

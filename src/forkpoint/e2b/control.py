@@ -57,6 +57,7 @@ def _out(sandboxes: Sandboxes, sandbox: Sandbox) -> SandboxOut:
         templateID=sandbox.record.template, sandboxID=sandbox.id, clientID=CLIENT_ID,
         envdVersion=sandboxes.config.envd_version, alias=sandbox.record.template,
         envdAccessToken=sandbox.record.access_token, domain=sandboxes.config.domain,
+        trafficAccessToken=sandbox.record.traffic_token,
     )  # fmt: skip
 
 
@@ -83,7 +84,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
         sandbox = await sandboxes.create(
             body.templateID, timeout_s=body.timeout, metadata=body.metadata,
             env_vars=body.envVars, auto_pause=body.autoPause,
+            auto_resume=body.autoResume is not None and body.autoResume.enabled,
             internet=body.allow_internet_access,
+            public_traffic=body.network is None or body.network.allowPublicTraffic is not False,
         )  # fmt: skip
         return _out(sandboxes, sandbox)
 
@@ -127,7 +130,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             envdAccessToken=r.access_token, domain=sandboxes.config.domain,
             allowInternetAccess=sandbox.session.network == "user",
             lifecycle=Lifecycle(
-                autoResume=False, onTimeout="pause" if sandbox.auto_pause else "kill"
+                autoResume=r.auto_resume, onTimeout="pause" if sandbox.auto_pause else "kill"
             ),
         )  # fmt: skip
 

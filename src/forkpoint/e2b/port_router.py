@@ -19,8 +19,7 @@ from typing import Any
 import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from forkpoint.errors import ForkpointError, NotFound
-
+from .sandbox_port import PortUnavailable, sandbox_port
 from .sandboxes import Sandboxes
 
 __all__ = ["ENVD_PORT", "SandboxPortRouter"]
@@ -40,9 +39,8 @@ class SandboxPortRouter:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = {k.lower(): v for k, v in scope["headers"]}
-            sandbox_id = headers.get(b"e2b-sandbox-id", b"").decode("latin-1")
-            port = headers.get(b"e2b-sandbox-port", b"").decode("latin-1")
+            sandbox_id = _header(scope, b"e2b-sandbox-id") or ""
+            port = _header(scope, b"e2b-sandbox-port") or ""
             if sandbox_id and port and port != str(ENVD_PORT):
                 await self._forward(scope, receive, send, sandbox_id, port)
                 return
@@ -54,22 +52,12 @@ class SandboxPortRouter:
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             await _error(send, 400, f"E2b-Sandbox-Port must be a port number, not {port!r}")
             return
+        token = _header(scope, b"e2b-traffic-access-token")
         try:
-            sandbox = await asyncio.to_thread(self.sandboxes.running, sandbox_id)
-            tunnel = self.sandboxes.runtime.tcp_tunnel(sandbox.id, int(port))
-            reader, writer = await tunnel.__aenter__()
-        except NotFound:
-            await _error(send, 502, f"The sandbox {sandbox_id} was not found")
-            return
-        except ForkpointError as error:
-            message = f"The sandbox {sandbox_id} is running but port is not open: {error.message}"
-            await _error(send, 502, message)
-            return
-        try:
-            await _exchange(scope, receive, send, reader, writer)
-        finally:
-            with contextlib.suppress(Exception):
-                await tunnel.__aexit__(None, None, None)
+            async with sandbox_port(self.sandboxes, sandbox_id, int(port), token) as pair:
+                await _exchange(scope, receive, send, *pair)
+        except PortUnavailable as unavailable:
+            await _error(send, unavailable.status, unavailable.message)
 
 
 async def _exchange(scope: Scope, receive: Receive, send: Send, reader: Any, writer: Any) -> None:
@@ -144,6 +132,11 @@ async def _answer(conn: h11.Connection, reader: Any, send: Send) -> None:
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (``name`` in lower case), or None."""
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == name), None)
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -20,8 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from forkpoint.errors import ForkpointError, NotFound
-
+from .sandbox_port import PortUnavailable, sandbox_port
 from .sandboxes import Sandboxes
 
 __all__ = ["SandboxProxy", "parse_host"]
@@ -70,8 +69,8 @@ class SandboxProxy:
             head = await _read_head(reader)
             if head is None:
                 return
-            target, new_head = self._route(head)
-            async with self._open(target) as (up_reader, up_writer):
+            target, new_head, token = self._route(head)
+            async with self._open(target, token) as (up_reader, up_writer):
                 up_writer.write(new_head)
                 await up_writer.drain()
                 await _splice(reader, writer, up_reader, up_writer)
@@ -84,7 +83,8 @@ class SandboxProxy:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _route(self, head: bytes) -> tuple[tuple[str, int] | tuple[int, str], bytes]:
+    def _route(self, head: bytes) -> tuple[tuple[str, int] | tuple[int, str], bytes, str | None]:
+        """Where the request goes, its head as sent on, and its traffic token."""
         lines = head.split(b"\r\n")
         try:
             method, target, version = lines[0].decode("latin-1").split(" ", 2)
@@ -100,6 +100,10 @@ class SandboxProxy:
             host = url.netloc
             target = (url.path or "/") + (f"?{url.query}" if url.query else "")
             headers = [h for h in headers if not h.lower().startswith(b"proxy-")]
+        token = next(
+            (h.split(b":", 1)[1].strip().decode("latin-1") for h in headers
+             if h.lower().startswith(b"e2b-traffic-access-token:")), None,
+        )  # fmt: skip
         upgrade = any(h.lower().startswith(b"upgrade:") for h in headers)
         if not upgrade:
             headers = [h for h in headers if not h.lower().startswith(b"connection:")]
@@ -108,15 +112,15 @@ class SandboxProxy:
         new_head += b"\r\n" + b"\r\n".join(headers) + b"\r\n\r\n"
         parsed = parse_host(host)
         if parsed is not None:
-            return parsed, new_head
+            return parsed, new_head, token
         name, _, port = host.rpartition(":")
         if name in ("127.0.0.1", "localhost", "[::1]") and port == str(self.api_port):
-            return (name.strip("[]"), self.api_port), new_head
+            return (name.strip("[]"), self.api_port), new_head, token
         raise _BadRequest(400, f"not a sandbox host: {host!r} (expected <port>-<id>.localhost)")
 
     @contextlib.asynccontextmanager
     async def _open(
-        self, target: tuple[str, int] | tuple[int, str]
+        self, target: tuple[str, int] | tuple[int, str], token: str | None
     ) -> AsyncIterator[tuple[_Reader, _Writer]]:
         if isinstance(target[0], str):
             reader, writer = await asyncio.open_connection(target[0], target[1])
@@ -127,21 +131,10 @@ class SandboxProxy:
             return
         port, sandbox_id = int(target[0]), str(target[1])
         try:
-            sandbox = await asyncio.to_thread(self.sandboxes.running, sandbox_id)
-        except NotFound:
-            raise _BadRequest(502, f"The sandbox {sandbox_id} was not found") from None
-        try:
-            tunnel = self.sandboxes.runtime.tcp_tunnel(sandbox.id, port)
-            pair = await tunnel.__aenter__()
-        except ForkpointError as error:
-            raise _BadRequest(
-                502, f"The sandbox {sandbox_id} is running but port is not open: {error.message}"
-            ) from None
-        try:
-            yield pair
-        finally:
-            with contextlib.suppress(Exception):
-                await tunnel.__aexit__(None, None, None)
+            async with sandbox_port(self.sandboxes, sandbox_id, port, token) as pair:
+                yield pair
+        except PortUnavailable as unavailable:
+            raise _BadRequest(unavailable.status, unavailable.message) from None
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
@@ -182,7 +175,9 @@ async def _splice(
 
 async def _respond(writer: asyncio.StreamWriter, status: int, message: str) -> None:
     body = json.dumps({"code": status, "message": message}).encode()
-    reason = {400: "Bad Request", 431: "Request Header Fields Too Large"}.get(status, "Bad Gateway")
+    reason = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large"}.get(
+        status, "Bad Gateway"
+    )
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"

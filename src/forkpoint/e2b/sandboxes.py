@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import secrets
 import time
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from forkpoint.models import (
 from forkpoint.runtime import Runtime
 from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
 
-__all__ = ["DEFAULT_TEMPLATE", "GatewayConfig", "Sandbox", "Sandboxes"]
+__all__ = ["DEFAULT_TEMPLATE", "GatewayConfig", "Sandbox", "Sandboxes", "TrafficDenied"]
 
 DEFAULT_TEMPLATE = E2B_BASE_IMAGE  # the image with what E2B code assumes (python, node, ...)
 _BASE_TEMPLATES = frozenset({DEFAULT_TEMPLATE, "default"})
@@ -83,6 +84,14 @@ class Sandbox:
         return self.session.on_expiry == Expiry.PAUSE
 
 
+class TrafficDenied(Exception):
+    """A request to a sandbox's port without the traffic token it asks for (403)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class Sandboxes:
     """The gateway's sandbox operations (one instance per server)."""
 
@@ -117,6 +126,29 @@ class Sandboxes:
             raise NotFound(f"The sandbox {sandbox_id} was not found")
         return sandbox
 
+    async def reach(self, sandbox_id: str, traffic_token: str | None) -> Sandbox:
+        """The running sandbox a request to one of its ports is for: one that asks for
+        its traffic token must be sent it; a paused one with auto-resume is resumed
+        (the request is then answered, no retry).
+
+        :raises NotFound: unknown or paused ("was not found", as E2B's proxy says).
+        :raises TrafficDenied: the traffic token is missing or wrong.
+        """
+        sandbox = await asyncio.to_thread(self.get, sandbox_id)
+        expected = sandbox.record.traffic_token
+        if expected is not None and not hmac.compare_digest(
+            (traffic_token or "").encode(), expected.encode()
+        ):
+            raise TrafficDenied(
+                f"sandbox {sandbox_id} takes requests with its traffic access token only "
+                "(header e2b-traffic-access-token)"
+            )
+        if sandbox.paused:
+            if not sandbox.record.auto_resume:
+                raise NotFound(f"The sandbox {sandbox_id} was not found")
+            sandbox, _ = await self.connect(sandbox_id, None)
+        return sandbox
+
     def running_or_conflict(self, sandbox_id: str) -> Sandbox:
         sandbox = self.get(sandbox_id)
         if sandbox.paused:
@@ -133,7 +165,9 @@ class Sandboxes:
         metadata: dict[str, str] | None = None,
         env_vars: dict[str, str] | None = None,
         auto_pause: bool = False,
+        auto_resume: bool = False,
         internet: bool | None = None,
+        public_traffic: bool = True,
     ) -> Sandbox:
         """A new sandbox from a template: an image name (``base``: E2B's base image), or a
         checkpoint (snapshot) id or name.
@@ -169,7 +203,10 @@ class Sandboxes:
                     f"template {name!r} not found: not an image, checkpoint or snapshot "
                     "(`forkpoint image ls`, `forkpoint checkpoints`)"
                 ) from None
-        return await asyncio.to_thread(self._adopt, session, name, metadata, env_vars)
+        return await asyncio.to_thread(
+            self._adopt, session, name, metadata, env_vars,
+            public_traffic=public_traffic, auto_resume=auto_resume,
+        )  # fmt: skip
 
     def _checkpoint(self, name: str) -> Checkpoint | None:
         if name in _BASE_TEMPLATES:
@@ -185,12 +222,17 @@ class Sandboxes:
         template: str,
         metadata: dict[str, str] | None,
         env_vars: dict[str, str] | None,
+        *,
+        public_traffic: bool = True,
+        auto_resume: bool = False,
     ) -> Sandbox:
         record = self.records.insert(
             E2bSandboxRecord(
                 session_id=session.id, access_token=secrets.token_urlsafe(24),
                 template=template, started_at=time.time(), metadata=dict(metadata or {}),
                 env_vars=dict(env_vars or {}),
+                traffic_token=None if public_traffic else secrets.token_urlsafe(24),
+                auto_resume=auto_resume,
             )
         )  # fmt: skip
         return Sandbox(session, record)
@@ -262,8 +304,14 @@ class Sandboxes:
             rec = parent.record
             out.append(
                 await asyncio.to_thread(
-                    self._adopt, session, rec.template, rec.metadata, rec.env_vars
-                )
+                    self._adopt,
+                    session,
+                    rec.template,
+                    rec.metadata,
+                    rec.env_vars,
+                    public_traffic=rec.traffic_token is None,
+                    auto_resume=rec.auto_resume,
+                )  # fmt: skip
             )
         return out
 

@@ -36,11 +36,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class NetworkBody(_Body):
+    allowPublicTraffic: bool | None = None
+
+
+class AutoResumeBody(_Body):
+    enabled: bool = False
+
+
 class NewSandbox(_Body):
     templateID: str | None = Field(default=None, max_length=200)
     timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
     autoPause: bool = False
+    autoResume: AutoResumeBody | None = None
     allow_internet_access: bool | None = None
+    network: NetworkBody | None = None
     metadata: dict[str, str] | None = None
     envVars: dict[str, str] | None = None
 
@@ -80,6 +90,7 @@ class SandboxOut(BaseModel):
     envdVersion: str
     alias: str | None = None
     envdAccessToken: str | None = None
+    trafficAccessToken: str | None = None
     domain: str | None = None
 
 

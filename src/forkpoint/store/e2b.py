@@ -30,6 +30,10 @@ class E2bSandboxRecord:
     started_at: float
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
+    #: What a request to one of its ports must carry (None: nothing, as on E2B by default).
+    traffic_token: str | None = None
+    #: Paused, it wakes on a request to one of its ports.
+    auto_resume: bool = False
 
 
 def _record(row: sqlite3.Row) -> E2bSandboxRecord:
@@ -37,6 +41,7 @@ def _record(row: sqlite3.Row) -> E2bSandboxRecord:
         session_id=row["session_id"], access_token=row["access_token"],
         template=row["template"], started_at=row["started_at"],
         metadata=json.loads(row["metadata"]), env_vars=json.loads(row["env_vars"]),
+        traffic_token=row["traffic_token"], auto_resume=bool(row["auto_resume"]),
     )  # fmt: skip
 
 
@@ -50,10 +55,12 @@ class E2bStore:
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO e2b_sandboxes (session_id, access_token, template, metadata, "
-                "env_vars, started_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "env_vars, started_at, traffic_token, auto_resume) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.session_id, record.access_token, record.template,
                     json.dumps(record.metadata), json.dumps(record.env_vars), record.started_at,
+                    record.traffic_token, int(record.auto_resume),
                 ),
             )  # fmt: skip
         return record

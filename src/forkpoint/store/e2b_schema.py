@@ -69,3 +69,14 @@ def migrate_e2b_onto_sessions(conn: sqlite3.Connection) -> None:
     )
     conn.execute("DROP TABLE e2b_sandboxes")
     conn.execute("ALTER TABLE e2b_sandboxes_v9 RENAME TO e2b_sandboxes")
+
+
+def migrate_e2b_traffic_and_resume(conn: sqlite3.Connection) -> None:
+    """Schema v11: a sandbox's ports may need its traffic token (``traffic_token``; NULL:
+    anyone on the host may reach them), and a paused one may wake on a request to them
+    (``auto_resume``)."""
+    conn.execute("ALTER TABLE e2b_sandboxes ADD COLUMN traffic_token TEXT")
+    conn.execute(
+        "ALTER TABLE e2b_sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0 "
+        "CHECK (auto_resume IN (0, 1))"
+    )

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from forkpoint.errors import Conflict, InternalError
 
-from .e2b_schema import migrate_e2b, migrate_e2b_onto_sessions
+from .e2b_schema import migrate_e2b, migrate_e2b_onto_sessions, migrate_e2b_traffic_and_resume
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "schema_version"]
 
@@ -260,6 +260,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v8_standbys,
     _v9_purpose_and_expiry,
     _v10_metrics,
+    migrate_e2b_traffic_and_resume,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

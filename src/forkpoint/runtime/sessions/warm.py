@@ -200,7 +200,8 @@ class WarmPool:
 
 async def _warm_up(machine: Machine, files: VmFiles) -> None:
     """Run the guest once through what a create's first command does — the agent's
-    handshake, a shell, a login shell as ``user`` (E2B's commands) — then pause it again.
+    handshake, a shell, a login shell as ``user`` started as E2B's commands are — then
+    pause it again.
 
     Under TCG a restored VM's first command pays for translating that guest code (the
     agent's first answer took ≈ 200 ms, a first ``bash -l`` 190 ms); QEMU keeps its
@@ -213,6 +214,15 @@ async def _warm_up(machine: Machine, files: VmFiles) -> None:
             await agent.hello()
             await agent.exec(["/bin/sh", "-c", "true"], timeout=_WARM_UP_S)
             with contextlib.suppress(ForkpointError):  # an image without bash or `user`
-                await agent.exec(["/bin/bash", "-l", "-c", "true"], user="user", timeout=_WARM_UP_S)
+                # E2B's path: a process the agent owns, streamed (twice: the second run
+                # finds what the first one's page faults and caches left behind).
+                for _ in range(2):
+                    started = await agent.start_process(
+                        ["/bin/bash", "-l", "-c", "true"], user="user", timeout=_WARM_UP_S
+                    )
+                    await started.started()
+                    while await started.next() is not None:
+                        pass
+                    started.end()
     finally:
         await machine.pause()
