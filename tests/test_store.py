@@ -247,8 +247,10 @@ def test_metrics_are_kept_an_hour_and_go_with_their_session(store: Store) -> Non
     def sample(at: str, pct: float = 5.0) -> Metric:
         return Metric(at, 1, pct, 100, 512, 10, 200, 2048)
 
-    rows.add([(session.id, sample(utc_now(7200))), (session.id, sample(utc_now(60), 1.0)),
-              (session.id, sample(utc_now(5), 2.0)), ("s-gone000000", sample(utc_now()))])  # fmt: skip
+    rows.add([
+        (session.id, sample(utc_now(7200))), (session.id, sample(utc_now(60), 1.0)),
+        (session.id, sample(utc_now(5), 2.0)), ("s-gone000000", sample(utc_now())),
+    ])  # fmt: skip
     kept = rows.between(session.id, None, None)
     assert [m.cpu_used_pct for m in kept] == [1.0, 2.0]  # the 2 h old one pruned, oldest first
     assert rows.between(session.id, utc_now(30), None) == kept[1:]
