@@ -199,12 +199,20 @@ def build_dockerfile(
     return OciSource("dockerfile", str(dockerfile), source.transport, source.digest)
 
 
+#: podman 4.3 (Debian 12), unable to raise its own process limit to 1,048,576, drops it to
+#: 32,768 before a RUN step — and then cannot go back up to the host's ceiling.
+_PODMAN_NPROC_FALLBACK = 32768
+
+
 def _host_ulimits() -> list[str]:
     """podman 5 raises each RUN step's open-file and process limits to 1,048,576 and fails
-    where this process may not go that high: ask for the ceilings it already has."""
+    where this process may not go that high: ask for the ceilings it already has (for
+    processes, no more than podman 4.3 keeps for itself)."""
     argv = []
     for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
         _, hard = resource.getrlimit(limit)
+        if limit == resource.RLIMIT_NPROC:
+            hard = min(hard, _PODMAN_NPROC_FALLBACK) if hard != resource.RLIM_INFINITY else hard
         if hard != resource.RLIM_INFINITY:
             argv += ["--ulimit", f"{name}={hard}:{hard}"]
     return argv
