@@ -234,7 +234,8 @@ def _schemathesis(
         str(SCHEMATHESIS), "--config-file", str(config), "run", f"{url}/v1/openapi.json",
         "--header", f"Authorization: Bearer {token}",
         "--checks", "all", "--phases", phases, "--workers", "1",
-        "--max-time", str(seconds), "--request-timeout", "45",
+        # above the longest wait an operation may be asked for (watcher_events: 60 s)
+        "--max-time", str(seconds), "--request-timeout", "75",
         "--report", "json,har", "--report-dir", str(out),
     ]  # fmt: skip
     for operation_id in sorted(only):
