@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from forkpoint.store import SessionRecord
+from forkpoint.vm.process import stat_fields
 
 __all__ = ["density", "fanout_rows", "pss_mib"]
 
@@ -76,9 +77,8 @@ def pss_mib(pid: int) -> float:
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return 0.0
     return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime
 

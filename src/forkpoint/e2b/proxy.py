@@ -91,19 +91,13 @@ class SandboxProxy:
         except ValueError:
             raise _BadRequest(400, "malformed request line") from None
         headers = [line for line in lines[1:] if line]
-        host = next(
-            (h.split(b":", 1)[1].strip().decode("latin-1") for h in headers
-             if h.lower().startswith(b"host:")), "",
-        )  # fmt: skip
+        host = _header(headers, b"host") or ""
         if "://" in target:  # absolute form: we are the client's HTTP proxy
             url = urlsplit(target)
             host = url.netloc
             target = (url.path or "/") + (f"?{url.query}" if url.query else "")
             headers = [h for h in headers if not h.lower().startswith(b"proxy-")]
-        token = next(
-            (h.split(b":", 1)[1].strip().decode("latin-1") for h in headers
-             if h.lower().startswith(b"e2b-traffic-access-token:")), None,
-        )  # fmt: skip
+        token = _header(headers, b"e2b-traffic-access-token")
         upgrade = any(h.lower().startswith(b"upgrade:") for h in headers)
         if not upgrade:
             headers = [h for h in headers if not h.lower().startswith(b"connection:")]
@@ -135,6 +129,14 @@ class SandboxProxy:
                 yield pair
         except PortUnavailable as unavailable:
             raise _BadRequest(unavailable.status, unavailable.message) from None
+
+
+def _header(lines: list[bytes], name: bytes) -> str | None:
+    """The value of header ``name`` (lower case) among raw ``Name: value`` lines."""
+    return next(
+        (h.split(b":", 1)[1].strip().decode("latin-1") for h in lines
+         if h.lower().startswith(name + b":")), None,
+    )  # fmt: skip
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes | None:

@@ -119,13 +119,6 @@ class Sandboxes:
                 out.append(Sandbox(self.runtime.get(record.session_id), record))
         return out
 
-    def running(self, sandbox_id: str) -> Sandbox:
-        """:raises NotFound: unknown, paused or stopped (envd says "was not found")."""
-        sandbox = self.get(sandbox_id)
-        if sandbox.paused:
-            raise NotFound(f"The sandbox {sandbox_id} was not found")
-        return sandbox
-
     async def reach(self, sandbox_id: str, traffic_token: str | None) -> Sandbox:
         """The running sandbox a request to one of its ports is for: one that asks for
         its traffic token must be sent it; a paused one with auto-resume is resumed

@@ -211,10 +211,11 @@ def _host_ulimits() -> list[str]:
     argv = []
     for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
         _, hard = resource.getrlimit(limit)
+        if hard == resource.RLIM_INFINITY:
+            continue
         if limit == resource.RLIMIT_NPROC:
-            hard = min(hard, _PODMAN_NPROC_FALLBACK) if hard != resource.RLIM_INFINITY else hard
-        if hard != resource.RLIM_INFINITY:
-            argv += ["--ulimit", f"{name}={hard}:{hard}"]
+            hard = min(hard, _PODMAN_NPROC_FALLBACK)
+        argv += ["--ulimit", f"{name}={hard}:{hard}"]
     return argv
 
 

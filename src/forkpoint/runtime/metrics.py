@@ -22,6 +22,7 @@ from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.guest.link import GuestLink
 from forkpoint.store import SessionRecord, utc_now
 from forkpoint.store.metrics import MetricsStore
+from forkpoint.vm.process import stat_fields
 
 __all__ = ["INTERVAL_S", "Metrics"]
 
@@ -40,6 +41,7 @@ class _CpuReading:
     pid: int
     at: float  # seconds since the host booted
     used_s: float  # CPU time QEMU used since it started
+    started: float  # when QEMU started, in seconds since the host booted
 
 
 class Metrics:
@@ -85,7 +87,7 @@ class Metrics:
             return None  # its QEMU is gone: the session is ending
         before = self._cpu.get(record.id)
         if before is None or before.pid != now.pid:  # first look at this VM: since its start
-            before = _CpuReading(now.pid, now.at - _started_ago(now.pid), 0.0)
+            before = _CpuReading(now.pid, now.started, 0.0, now.started)
         self._cpu[record.id] = now
         elapsed = max(now.at - before.at, 1e-3)
         pct = min(100.0, max(0.0, 100 * (now.used_s - before.used_s) / elapsed / record.cpus))
@@ -94,12 +96,13 @@ class Metrics:
             guest = await self._guest_stats(record.id) or guest
         if guest is not None:
             self._guest[record.id] = guest
-        total = guest.mem_total if guest else record.memory_mib * _MIB
+        else:  # never answered (an agent without stats): its RAM size, nothing used
+            ram = record.memory_mib * _MIB
+            guest = GuestStats(ram, ram, 0, 0, 0)
         return Metric(
             at=utc_now(), cpu_count=record.cpus, cpu_used_pct=round(pct, 2),
-            mem_used=total - guest.mem_available if guest else 0, mem_total=total,
-            mem_cache=guest.mem_cached if guest else 0,
-            disk_used=guest.disk_used if guest else 0, disk_total=guest.disk_total if guest else 0,
+            mem_used=guest.mem_total - guest.mem_available, mem_total=guest.mem_total,
+            mem_cache=guest.mem_cached, disk_used=guest.disk_used, disk_total=guest.disk_total,
         )  # fmt: skip
 
     async def _guest_stats(self, session_id: str) -> GuestStats | None:
@@ -121,26 +124,11 @@ def _stamp(moment: datetime | None) -> str | None:
     return aware.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()  # fields 3.. (the name may hold spaces)
-
-
 def _cpu_reading(pid: int) -> _CpuReading | None:
-    fields = _stat_fields(pid)
+    """Process ``pid``'s CPU time and start (``/proc/<pid>/stat``), None if it is gone."""
+    fields = stat_fields(pid)
     if fields is None:
         return None
     used = (int(fields[11]) + int(fields[12])) * _TICK_S  # utime + stime
-    return _CpuReading(pid, time.clock_gettime(time.CLOCK_BOOTTIME), used)
-
-
-def _started_ago(pid: int) -> float:
-    """Seconds since process ``pid`` started."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        return 0.0
-    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) * _TICK_S)
+    started = int(fields[19]) * _TICK_S  # starttime
+    return _CpuReading(pid, time.clock_gettime(time.CLOCK_BOOTTIME), used, started)

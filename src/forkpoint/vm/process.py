@@ -24,6 +24,7 @@ __all__ = [
     "kill_and_wait",
     "pids_with_arg",
     "spawn_detached",
+    "stat_fields",
 ]
 
 # Children we spawned and have not reaped yet, and the wait statuses of those we have.
@@ -72,6 +73,15 @@ def exit_status(pid: int) -> str:
     return f"exit code {code}"
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from its third field on (the state; index 11 is utime, 19
+    starttime), split after the command name, which may hold spaces; None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
 def is_running(pid: int | None, marker: str) -> bool:
     """True if ``pid`` is alive, not a zombie, and its command line contains ``marker``."""
     if not pid:
@@ -79,10 +89,12 @@ def is_running(pid: int | None, marker: str) -> bool:
     _reap(pid)
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[1].split()[0]
+    fields = stat_fields(pid)
+    if fields is None:
+        return False
+    state = fields[0]
     if state in ("Z", "X"):
         return False
     if not cmdline:
