@@ -54,6 +54,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], exit_code: int
         ("checkpoints", UNKNOWN_SESSION),
         ("rollback", UNKNOWN_SESSION),
         ("port", UNKNOWN_SESSION, "8000"),
+        ("egress", UNKNOWN_SESSION, "--deny-net", "0.0.0.0/0"),
     ],
 )
 def test_unknown_session_is_exit_3(args: tuple[str, ...]) -> None:

@@ -95,6 +95,19 @@ def test_bad_arguments_are_400(gateway: Gateway) -> None:
     fork = httpx.post(f"{gateway.url}/sandboxes/{UNKNOWN}/fork", json={"count": 0},
                       headers=headers)  # fmt: skip
     assert fork.status_code == 400
+    for network in (
+        {"allowOut": ["pypi.org"]},
+        {"maskRequestHost": "a\r\nb"},
+        {"rules": {"api.example.com": [{"transform": {"headers": {"A": "b"}}}]}},
+    ):
+        bad = httpx.post(f"{gateway.url}/v2/sandboxes", json={"network": network},
+                         headers=headers)  # fmt: skip
+        assert bad.status_code == 400, bad.text
+        assert "\n" not in bad.json()["message"]
+    update = httpx.put(f"{gateway.url}/sandboxes/{UNKNOWN}/network", json={"denyOut": ["1.1.1.1"]},
+                       headers=headers)  # fmt: skip
+    assert update.status_code == 404
+    assert httpx.get(f"{gateway.url}/v2/sandboxes", headers=headers).json() == []
 
 
 def test_envd_for_an_unknown_sandbox_is_not_running(gateway: Gateway) -> None:

@@ -432,14 +432,31 @@ def test_code_interpreter_kernel_lives_on_in_forks(gateway: Gateway) -> None:
             sandbox.kill()
 
 
-def test_traffic_token_and_auto_resume_on_a_port(gateway: Gateway) -> None:
+# Answers every GET with the Host header it was sent.
+HOST_ECHO = """python3 -c "
+import http.server as h
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.headers['Host'].encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+h.ThreadingHTTPServer(('', 8002), H).serve_forever()
+" """
+
+
+def test_traffic_token_host_mask_and_auto_resume_on_a_port(gateway: Gateway) -> None:
     """With public traffic off, a sandbox's ports answer only requests carrying its
-    traffic token (403 otherwise, and a refused request wakes nothing); with auto-resume,
-    a request to a paused sandbox's port resumes it and is answered, no retry."""
+    traffic token (403 otherwise, and a refused request wakes nothing); its requests
+    arrive with the Host it masks them with, whichever way they come in; with
+    auto-resume, a request to a paused sandbox's port resumes it and is answered."""
     from e2b import SandboxNetworkOpts
 
     sbx = Sandbox.create(
-        timeout=600, secure=True, network=SandboxNetworkOpts(allow_public_traffic=False),
+        timeout=600, secure=True,
+        network=SandboxNetworkOpts(allow_public_traffic=False,
+                                   mask_request_host="masked.example:${PORT}"),
         lifecycle={"on_timeout": "pause", "auto_resume": True},
     )  # fmt: skip
     try:
@@ -447,7 +464,7 @@ def test_traffic_token_and_auto_resume_on_a_port(gateway: Gateway) -> None:
         assert token
         assert Sandbox.get_info(sbx.sandbox_id).lifecycle == {"auto_resume": True,
                                                               "on_timeout": "pause"}  # fmt: skip
-        sbx.commands.run("python3 -m http.server 8002", background=True, cwd="/tmp")
+        sbx.commands.run(HOST_ECHO, background=True)
         url = f"https://{sbx.get_host(8002)}/"
         allowed = {"e2b-traffic-access-token": token}
         deadline = time.monotonic() + 60
@@ -461,11 +478,14 @@ def test_traffic_token_and_auto_resume_on_a_port(gateway: Gateway) -> None:
             time.sleep(0.5)
         assert httpx.get(url).status_code == 403
         assert httpx.get(url, headers={"e2b-traffic-access-token": "wrong"}).status_code == 403
+        assert httpx.get(url, headers=allowed).text == "masked.example:8002"
+        routed = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8002", **allowed}
+        assert httpx.get(gateway.url, headers=routed).text == "masked.example:8002"
 
         assert sbx.pause() is True
         assert httpx.get(url).status_code == 403 and not sbx.is_running()
         woken = httpx.get(url, headers=allowed, timeout=120)
-        assert woken.status_code == 200 and "Directory listing" in woken.text
+        assert woken.status_code == 200 and woken.text == "masked.example:8002"
         assert sbx.is_running()
     finally:
         sbx.kill()

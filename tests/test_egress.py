@@ -232,10 +232,11 @@ def test_cli_bad_cidr_is_one_line_exit_2_and_creates_nothing(args: tuple[str, ..
         )  # fmt: skip
 
     before = forkpoint("ls", "--json").stdout
-    done = forkpoint("create", *args)
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "CIDR" in lines[0] and args[1] in lines[0], done.stderr
+    for command in (["create"], ["egress", "s-0000000000"]):  # checked before the session
+        done = forkpoint(*command, *args)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "CIDR" in lines[0] and args[1] in lines[0], done.stderr
     assert forkpoint("ls", "--json").stdout == before
 
 
@@ -257,3 +258,34 @@ def test_without_root_nothing_is_installed_and_it_is_said_once(
     warnings = [r.getMessage() for r in caplog.records if r.name == "forkpoint.egress"]
     assert len(warnings) == 1 and "not enforced" in warnings[0] and "root" in warnings[0]
     egress._warn_unfiltered.cache_clear()
+
+
+def test_e2b_rules_let_an_allow_beat_any_deny() -> None:
+    from forkpoint.e2b.network import egress_of
+
+    # a deny inside an allow is dropped; a wider one stays (the allow is more specific)
+    rules = egress_of(["8.8.0.0/16", "1.1.1.1"], ["0.0.0.0/0", "8.8.8.8", "1.1.1.1"], None)
+    assert rules.allow == ("1.1.1.1/32", "8.8.0.0/16")
+    assert rules.deny == ("0.0.0.0/0", "::/0")  # all traffic means IPv6 too
+    policy = EgressPolicy.of(rules.allow, rules.deny)
+    verdicts = {s.first.exploded: s.verdict for s in policy.spans(4)}
+    assert verdicts["8.8.0.0"] == verdicts["1.1.1.1"] == Verdict.ACCEPT
+    assert verdicts["0.0.0.0"] == Verdict.REFUSE
+    assert egress_of(None, None, False).no_internet
+    assert not egress_of(["10.0.0.1"], None, False).no_internet
+    assert egress_of(None, ["10.1.2.3/8"], True).deny == ("10.0.0.0/8",)
+    for bad in (["pypi.org"], ["10.0.0.0/33"]):
+        with pytest.raises(InvalidInput, match="not an IP address or CIDR"):
+            egress_of(bad, None, None)
+    with pytest.raises(InvalidInput, match="at most"):
+        egress_of([f"10.0.{i}.0/24" for i in range(65)], None, None)
+
+
+def test_e2b_host_mask_is_a_host_and_nothing_more() -> None:
+    from forkpoint.e2b.network import host_mask
+
+    assert host_mask("custom-host.example.com:${PORT}") == "custom-host.example.com:${PORT}"
+    assert host_mask("${PORT}-app.internal") == "${PORT}-app.internal"
+    for bad in ("a.example\r\nX-Evil: 1", "a b", "host:port", ""):
+        with pytest.raises(InvalidInput, match="maskRequestHost"):
+            host_mask(bad)

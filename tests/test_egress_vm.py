@@ -313,3 +313,93 @@ def test_default_policy_and_its_adjustments(network: Network) -> None:
     table = _nft_table()  # removing the sessions removed their rules, nothing else
     assert "goto u" not in table and "meta skuid vmap @sessions" in table
     assert policy_map(EgressPolicy.from_json(adjusted["egress"]), 4) not in table
+
+
+def test_egress_changes_while_the_guest_runs(network: Network) -> None:
+    session = json.loads(_forkpoint("create", "--json"))["id"]
+    world, private = f"{WORLD_ADDRESS}:{PORT}", f"{PRIVATE}:{PORT}"
+    try:
+        uid = _uid_of(session)
+        assert _connect_as(uid, world)[world][0] == "open"
+
+        denied = json.loads(_forkpoint("egress", "--json", session, "--deny-net", "0.0.0.0/0",
+                                       "--allow-net", f"{PRIVATE}/32"))  # fmt: skip
+        assert denied["egress"] == {"allow": [f"{PRIVATE}/32"], "deny": ["0.0.0.0/0"]}
+        # in force when the command returns, for the guest's next connection
+        probe = _probe(session)
+        assert probe[private] == "open hello", probe
+        _assert_blocked(probe, world, f"{PRIVATE_192}:{PORT}", f"{HOST_ADDRESS}:{PORT}")
+        assert probe["dns"] == "answered", probe  # DNS to the host's resolvers stays
+        assert json.loads(_forkpoint("show", "--json", session))["egress"] == denied["egress"]
+
+        # no adjustments: the defaults again, and the first policy's maps are gone
+        first = policy_map(EgressPolicy.from_json(denied["egress"]), 4)
+        reset = json.loads(_forkpoint("egress", "--json", session))
+        assert reset["egress"] == {"allow": [], "deny": []}
+        assert first not in _nft_table()
+        after = _connect_as(uid, world, private)
+        assert after[world][0] == "open" and after[private][0] == "ConnectionRefusedError", after
+
+        # a paused session keeps the change for when it runs again
+        _forkpoint("pause", session)
+        _forkpoint("egress", session, "--deny-net", f"{WORLD_ADDRESS}/32")
+        _forkpoint("resume", session)
+        assert _connect_as(_uid_of(session), world)[world][0] == "ConnectionRefusedError"
+    finally:
+        _forkpoint("rm", session)
+    assert network.guestside.hits() == []
+
+
+# Runs in the namespace: an E2B gateway, and the real e2b SDK asking it for network rules.
+E2B_RULES = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from e2b import ALL_TRAFFIC, CommandExitException, Sandbox
+from e2b_gateway import running_gateway
+
+world, private = sys.argv[2], sys.argv[3]
+CONNECT = "python3 -c 'import socket,sys; socket.create_connection((sys.argv[1], {}), timeout=4)' "
+
+def reaches(sbx, address):
+    try:
+        sbx.commands.run(CONNECT.format(sys.argv[4]) + address, timeout=60)
+        return True
+    except CommandExitException:
+        return False
+
+out = {}
+with running_gateway("--e2b-timeout", "600"):
+    sbx = Sandbox.create(timeout=600, network={"deny_out": [ALL_TRAFFIC], "allow_out": [private]})
+    try:
+        out["allow-list"] = [reaches(sbx, private), reaches(sbx, world)]
+        started = time.monotonic()
+        sbx.update_network({"deny_out": [world]})
+        out["update_s"] = time.monotonic() - started
+        out["deny-one"] = [reaches(sbx, private), reaches(sbx, world)]
+        sbx.update_network({})
+        out["cleared"] = [reaches(sbx, private), reaches(sbx, world)]
+    finally:
+        sbx.kill()
+    offline = Sandbox.create(timeout=600, allow_internet_access=False)
+    try:
+        out["offline"] = [reaches(offline, world), offline.get_info().allow_internet_access]
+    finally:
+        offline.kill()
+print(json.dumps(out))
+"""
+
+
+def test_e2b_network_rules_and_update_network(network: Network) -> None:
+    done = subprocess.run(
+        _in(GUESTSIDE, sys.executable, "-c", E2B_RULES, str(Path(__file__).parent),
+            WORLD_ADDRESS, PRIVATE, str(PORT)),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["allow-list"] == [True, False], out  # allow beats the deny of everything
+    assert out["deny-one"] == [False, False], out  # replaced: the allow is gone too
+    assert out["cleared"] == [False, True], out  # E2B's defaults are forkpoint's
+    assert out["update_s"] < 1, out
+    assert out["offline"] == [False, False], out
+    assert network.guestside.hits() == []

@@ -69,6 +69,7 @@ __all__ = [
     "PortRequest",
     "Ref",
     "DiffRequest",
+    "EgressRequest",
     "RollbackPreviewRequest",
     "UndoRequest",
     "WatchRequest",
@@ -251,6 +252,17 @@ class CreateSessionRequest(_Request):
     history_keep: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 20  # automatic ones kept
     on_expiry: Expiry = Field(
         default=Expiry.REMOVE, description="What happens when its lifetime ends."
+    )
+
+
+class EgressRequest(_Request):
+    """A session's egress adjustments, replacing the ones it has (empty: the defaults)."""
+
+    allow_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may reach despite the default egress denies."
+    )
+    deny_net: EgressRules = Field(
+        default=(), description="CIDRs the guest may not reach, on top of the default denies."
     )
 
 

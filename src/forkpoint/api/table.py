@@ -48,6 +48,7 @@ from forkpoint.requests import (
     CheckpointRequest,
     CreateSessionRequest,
     DiffRequest,
+    EgressRequest,
     ForkRequest,
     MetricsRequest,
     PortRequest,
@@ -146,6 +147,10 @@ async def _remove_session(rt: Runtime, ids: Ids, request: None) -> None:
 
 async def _set_timeout(rt: Runtime, ids: Ids, request: TimeoutRequest) -> Session:
     return await rt.set_timeout(ids["session_id"], request.timeout_s, request.on_expiry)
+
+
+async def _set_egress(rt: Runtime, ids: Ids, request: EgressRequest) -> Session:
+    return await rt.set_egress(ids["session_id"], request.allow_net, request.deny_net)
 
 
 async def _pause(rt: Runtime, ids: Ids, request: None) -> Session:
@@ -278,6 +283,14 @@ OPERATIONS: tuple[Op, ...] = (
         "sessions", TimeoutRequest, Session,
         description="The session's lifetime ends ``timeout_s`` seconds from now (null: "
         "never); then it is removed, or paused (``on_expiry``).",
+    ),
+    Op(
+        "set_egress", "PUT", f"{_S}/egress", _set_egress, "Set where a session's guest may "
+        "connect", "sessions", EgressRequest, Session, mcp=True,
+        description="Replace the session's egress adjustments: ``allow_net``/``deny_net`` "
+        "(CIDRs) on top of the defaults (internet yes; host, private and link-local "
+        "addresses no); empty lists restore the defaults. A running guest is held to them "
+        "at once for every new connection.",
     ),
     Op(
         "pause", "POST", f"{_S}/pause", _pause, "Pause a session", "sessions",

@@ -17,7 +17,8 @@ from forkpoint.models import Expiry
 from forkpoint.requests import CreateSessionRequest
 
 __all__ = [
-    "CpusOption", "ImageOption", "MemoryOption", "NetworkOption", "OnTimeoutOption",
+    "AllowNetOption", "CpusOption", "DenyNetOption", "ImageOption", "MemoryOption",
+    "NetworkOption", "OnTimeoutOption",
 ]  # fmt: skip
 
 
@@ -35,5 +36,15 @@ MemoryOption = Annotated[int, typer.Option("--memory", help=_help("memory_mib"))
 CpusOption = Annotated[int, typer.Option("--cpus", help=_help("cpus"))]
 NetworkOption = Annotated[
     str, typer.Option("--network", help="'user' (NAT, port forwards) or 'none'.")
+]
+AllowNetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-net", help="CIDR the guest may reach despite the default denies (repeatable)."
+    ),
+]
+DenyNetOption = Annotated[
+    list[str] | None,
+    typer.Option("--deny-net", help="CIDR the guest may not reach (repeatable)."),
 ]
 OnTimeoutOption = Annotated[Expiry, typer.Option("--on-timeout", help=_help("on_expiry"))]

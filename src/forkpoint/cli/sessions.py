@@ -24,7 +24,9 @@ from forkpoint.cli._run import (
 from forkpoint.cli._run import styled_state as _state
 from forkpoint.cli.core import get_session, list_sessions
 from forkpoint.cli.options import (
+    AllowNetOption,
     CpusOption,
+    DenyNetOption,
     ImageOption,
     MemoryOption,
     NetworkOption,
@@ -49,6 +51,7 @@ def register(app: typer.Typer) -> None:
     app.command("rm")(rm_command)
     app.command("port")(port_command)
     app.command("timeout")(timeout_command)
+    app.command("egress")(egress_command)
     app.command("pause")(pause_command)
     app.command("resume")(resume_command)
     app.command("console")(console_command)
@@ -67,17 +70,8 @@ def create_command(
         typer.Option("--port", help="Guest port to forward to 127.0.0.1 (repeatable)."),
     ] = None,
     network: NetworkOption = "user",
-    allow_net: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-net",
-            help="CIDR the guest may reach despite the default denies (repeatable).",
-        ),
-    ] = None,
-    deny_net: Annotated[
-        list[str] | None,
-        typer.Option("--deny-net", help="CIDR the guest may not reach (repeatable)."),
-    ] = None,
+    allow_net: AllowNetOption = None,
+    deny_net: DenyNetOption = None,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", help="End the session's lifetime after this many seconds."),
@@ -300,6 +294,27 @@ def timeout_command(
     then = "removed" if s.on_expiry == Expiry.REMOVE else "paused"
     when = f"expires {_expiry(s.expires_at)}, then {then}" if s.expires_at else "never expires"
     console.print(f"[cyan]{s.id}[/] {when}", highlight=False)
+
+
+@reports_errors
+def egress_command(
+    session: Annotated[str, typer.Argument(help="Session id or name.")],
+    allow_net: AllowNetOption = None,
+    deny_net: DenyNetOption = None,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Replace where a session's guest may connect: --allow-net/--deny-net on top of the
+    defaults (none given: the defaults). A running guest is held to them at once, for
+    every connection it opens from then on."""
+
+    async def op(runtime: Runtime) -> Session:
+        return await runtime.set_egress(session, allow_net or [], deny_net or [])
+
+    s = run(op)
+    if as_json:
+        emit_json(s)
+        return
+    console.print(f"[cyan]{s.id}[/] egress: {_describe_egress(s)}", highlight=False)
 
 
 @reports_errors

@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse
 from forkpoint.errors import Conflict, ForkpointError
 from forkpoint.models import Metric
 
-from .sandboxes import Sandbox, Sandboxes
+from .network import ALL_TRAFFIC, egress_of, host_mask, refuse_rules
+from .sandboxes import Sandbox, Sandboxes, SandboxSpec
 from .wire import (
     ApiError,
     ConnectBody,
@@ -27,6 +28,9 @@ from .wire import (
     ForkResult,
     Lifecycle,
     ListedSandbox,
+    NetworkBody,
+    NetworkOut,
+    NetworkUpdateBody,
     NewSandbox,
     PauseBody,
     RollbackBody,
@@ -81,14 +85,25 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.post("/v2/sandboxes", status_code=201, response_model=SandboxOut)
     async def create(body: NewSandbox) -> SandboxOut:
-        sandbox = await sandboxes.create(
-            body.templateID, timeout_s=body.timeout, metadata=body.metadata,
-            env_vars=body.envVars, auto_pause=body.autoPause,
+        network = body.network or NetworkBody()
+        refuse_rules(network.rules)
+        spec = SandboxSpec(
+            template=body.templateID, timeout_s=body.timeout, auto_pause=body.autoPause,
+            egress=egress_of(network.allowOut, network.denyOut, body.allow_internet_access),
+            metadata=body.metadata or {}, env_vars=body.envVars or {},
+            public_traffic=network.allowPublicTraffic is not False,
             auto_resume=body.autoResume is not None and body.autoResume.enabled,
-            internet=body.allow_internet_access,
-            public_traffic=body.network is None or body.network.allowPublicTraffic is not False,
+            host_mask=host_mask(network.maskRequestHost),
         )  # fmt: skip
-        return _out(sandboxes, sandbox)
+        return _out(sandboxes, await sandboxes.create(spec))
+
+    @router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+    async def update_network(sandbox_id: str, body: NetworkUpdateBody) -> Response:
+        """E2B: the rules are replaced; a field left out is cleared."""
+        refuse_rules(body.rules)
+        egress = egress_of(body.allowOut, body.denyOut, body.allow_internet_access)
+        await sandboxes.update_network(sandbox_id, egress)
+        return Response(status_code=204)
 
     @router.get("/v2/sandboxes", response_model=list[ListedSandbox])
     async def list_sandboxes(
@@ -124,13 +139,17 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
     @router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
     async def info(sandbox_id: str) -> SandboxDetail:
         sandbox = await asyncio.to_thread(sandboxes.get, sandbox_id)
-        r = sandbox.record
+        r, deny = sandbox.record, sandbox.session.egress.get("deny", [])
         return SandboxDetail(
             **_listed(sandboxes, sandbox).model_dump(),
             envdAccessToken=r.access_token, domain=sandboxes.config.domain,
-            allowInternetAccess=sandbox.session.network == "user",
+            allowInternetAccess=sandbox.session.network == "user" and ALL_TRAFFIC not in deny,
             lifecycle=Lifecycle(
                 autoResume=r.auto_resume, onTimeout="pause" if sandbox.auto_pause else "kill"
+            ),
+            network=NetworkOut(
+                allowOut=sandbox.session.egress.get("allow", []), denyOut=deny,
+                allowPublicTraffic=r.traffic_token is None, maskRequestHost=r.host_mask,
             ),
         )  # fmt: skip
 

@@ -19,7 +19,7 @@ from typing import Any
 import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .sandbox_port import PortUnavailable, sandbox_port
+from .sandbox_port import PortStream, PortUnavailable, sandbox_port
 from .sandboxes import Sandboxes
 
 __all__ = ["ENVD_PORT", "SandboxPortRouter"]
@@ -54,18 +54,22 @@ class SandboxPortRouter:
             return
         token = _header(scope, b"e2b-traffic-access-token")
         try:
-            async with sandbox_port(self.sandboxes, sandbox_id, int(port), token) as pair:
-                await _exchange(scope, receive, send, *pair)
+            async with sandbox_port(self.sandboxes, sandbox_id, int(port), token) as stream:
+                await _exchange(scope, receive, send, stream)
         except PortUnavailable as unavailable:
             await _error(send, unavailable.status, unavailable.message)
 
 
-async def _exchange(scope: Scope, receive: Receive, send: Send, reader: Any, writer: Any) -> None:
+async def _exchange(scope: Scope, receive: Receive, send: Send, stream: PortStream) -> None:
     """Send the request through the tunnel and stream the answer back; returns early (the
     tunnel then closes) when the client disconnects."""
+    reader, writer = stream.reader, stream.writer
     conn = h11.Connection(our_role=h11.CLIENT)
     target = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+    if stream.host is not None:
+        headers = [(k, v) for k, v in headers if k.lower() != b"host"]
+        headers.insert(0, (b"host", stream.host.encode("latin-1")))
     first = await receive()
     if first["type"] == "http.disconnect":
         return

@@ -17,6 +17,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -69,9 +70,9 @@ class SandboxProxy:
             head = await _read_head(reader)
             if head is None:
                 return
-            target, new_head, token = self._route(head)
-            async with self._open(target, token) as (up_reader, up_writer):
-                up_writer.write(new_head)
+            target, request, token = self._route(head)
+            async with self._open(target, token) as (up_reader, up_writer, host):
+                up_writer.write(request.encode(host))
                 await up_writer.drain()
                 await _splice(reader, writer, up_reader, up_writer)
         except _BadRequest as error:
@@ -83,7 +84,7 @@ class SandboxProxy:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _route(self, head: bytes) -> tuple[tuple[str, int] | tuple[int, str], bytes, str | None]:
+    def _route(self, head: bytes) -> tuple[tuple[str, int] | tuple[int, str], _Head, str | None]:
         """Where the request goes, its head as sent on, and its traffic token."""
         lines = head.split(b"\r\n")
         try:
@@ -102,8 +103,7 @@ class SandboxProxy:
         if not upgrade:
             headers = [h for h in headers if not h.lower().startswith(b"connection:")]
             headers.append(b"Connection: close")
-        new_head = "\r\n".join([f"{method} {target} {version}"]).encode("latin-1")
-        new_head += b"\r\n" + b"\r\n".join(headers) + b"\r\n\r\n"
+        new_head = _Head(f"{method} {target} {version}", headers)
         parsed = parse_host(host)
         if parsed is not None:
             return parsed, new_head, token
@@ -115,20 +115,37 @@ class SandboxProxy:
     @contextlib.asynccontextmanager
     async def _open(
         self, target: tuple[str, int] | tuple[int, str], token: str | None
-    ) -> AsyncIterator[tuple[_Reader, _Writer]]:
+    ) -> AsyncIterator[tuple[_Reader, _Writer, str | None]]:
+        """The upstream connection and the Host header it wants (None: the client's)."""
         if isinstance(target[0], str):
             reader, writer = await asyncio.open_connection(target[0], target[1])
             try:
-                yield reader, writer
+                yield reader, writer, None
             finally:
                 writer.close()
             return
         port, sandbox_id = int(target[0]), str(target[1])
         try:
-            async with sandbox_port(self.sandboxes, sandbox_id, port, token) as pair:
-                yield pair
+            async with sandbox_port(self.sandboxes, sandbox_id, port, token) as stream:
+                yield stream.reader, stream.writer, stream.host
         except PortUnavailable as unavailable:
             raise _BadRequest(unavailable.status, unavailable.message) from None
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A request's head as it is sent on: its request line and header lines."""
+
+    request_line: str
+    headers: list[bytes]
+
+    def encode(self, host: str | None) -> bytes:
+        """The bytes to send, with ``Host: host`` instead of the client's (if given)."""
+        headers = self.headers
+        if host is not None:
+            kept = [h for h in headers if not h.lower().startswith(b"host:")]
+            headers = [b"Host: " + host.encode("latin-1"), *kept]
+        return self.request_line.encode("latin-1") + b"\r\n" + b"\r\n".join(headers) + b"\r\n\r\n"
 
 
 def _header(lines: list[bytes], name: bytes) -> str | None:

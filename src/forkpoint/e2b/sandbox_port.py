@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from forkpoint.errors import ForkpointError, NotFound
 
 from .sandboxes import Sandboxes, TrafficDenied
 
-__all__ = ["PortUnavailable", "sandbox_port"]
+__all__ = ["PortStream", "PortUnavailable", "sandbox_port"]
+
+
+@dataclass(frozen=True)
+class PortStream:
+    """A connection to a sandbox's port; ``host``: the Host header a request on it must
+    carry (the sandbox's ``maskRequestHost``), None: the client's own."""
+
+    reader: Any
+    writer: Any
+    host: str | None
 
 
 class PortUnavailable(Exception):
@@ -28,8 +39,8 @@ class PortUnavailable(Exception):
 @contextlib.asynccontextmanager
 async def sandbox_port(
     sandboxes: Sandboxes, sandbox_id: str, port: int, traffic_token: str | None
-) -> AsyncIterator[tuple[Any, Any]]:
-    """``(reader, writer)`` of a connection to ``port`` in the sandbox.
+) -> AsyncIterator[PortStream]:
+    """A connection to ``port`` in the sandbox.
 
     :raises PortUnavailable: unknown or paused sandbox, a missing traffic token, a failed
         auto-resume, nothing listening.
@@ -48,8 +59,9 @@ async def sandbox_port(
     except ForkpointError as error:
         message = f"The sandbox {sandbox_id} is running but port is not open: {error.message}"
         raise PortUnavailable(502, message) from None
+    mask = sandbox.record.host_mask
     try:
-        yield pair
+        yield PortStream(*pair, None if mask is None else mask.replace("${PORT}", str(port)))
     finally:
         with contextlib.suppress(Exception):
             await tunnel.__aexit__(None, None, None)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from forkpoint.config import ApiLimits
@@ -36,7 +38,16 @@ from forkpoint.models import (
 from forkpoint.runtime import Runtime
 from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
 
-__all__ = ["DEFAULT_TEMPLATE", "GatewayConfig", "Sandbox", "Sandboxes", "TrafficDenied"]
+from .network import Egress
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "GatewayConfig",
+    "Sandbox",
+    "SandboxSpec",
+    "Sandboxes",
+    "TrafficDenied",
+]
 
 DEFAULT_TEMPLATE = E2B_BASE_IMAGE  # the image with what E2B code assumes (python, node, ...)
 _BASE_TEMPLATES = frozenset({DEFAULT_TEMPLATE, "default"})
@@ -54,6 +65,22 @@ class GatewayConfig:
     cpus: int = DEFAULT_CPUS
     #: What the gateway admits (the runtime's policy); None: ``ApiLimits.from_env()``.
     limits: ApiLimits | None = None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What E2B's create asks for. The last five stay on the sandbox's record, and its
+    forks inherit them (with tokens of their own)."""
+
+    template: str | None = None
+    timeout_s: int | None = None
+    auto_pause: bool = False
+    egress: Egress = Egress()
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    public_traffic: bool = True
+    auto_resume: bool = False
+    host_mask: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,42 +177,38 @@ class Sandboxes:
 
     # -- create --------------------------------------------------------------------------
 
-    async def create(
-        self,
-        template: str | None,
-        *,
-        timeout_s: int | None = None,
-        metadata: dict[str, str] | None = None,
-        env_vars: dict[str, str] | None = None,
-        auto_pause: bool = False,
-        auto_resume: bool = False,
-        internet: bool | None = None,
-        public_traffic: bool = True,
-    ) -> Sandbox:
+    async def create(self, spec: SandboxSpec) -> Sandbox:
         """A new sandbox from a template: an image name (``base``: E2B's base image), or a
         checkpoint (snapshot) id or name.
 
         :raises NotFound: no image, checkpoint or snapshot of that name.
         """
-        name = template or DEFAULT_TEMPLATE
+        name = spec.template or DEFAULT_TEMPLATE
         checkpoint = await asyncio.to_thread(self._checkpoint, name)
         admission = self.runtime.admission
-        on_expiry = Expiry.PAUSE if auto_pause else Expiry.REMOVE
+        on_expiry = Expiry.PAUSE if spec.auto_pause else Expiry.REMOVE
+        egress, network = spec.egress, Network.USER
+        if spec.egress.no_internet and not self.runtime.filters_egress:
+            network = Network.NONE  # unjailed guests are not filtered: no NIC at all
+            egress = Egress()
         if checkpoint is not None:
             ticket, _ = await admission.fork(checkpoint.id, 1)
             with ticket:
                 session = _only(await self.runtime.fork(checkpoint.id, 1))
             session = await self.runtime.set_timeout(
-                session.id, self._timeout(timeout_s), on_expiry
+                session.id, self._timeout(spec.timeout_s), on_expiry
             )
+            # A fork keeps its source's rules; a sandbox has those it is created with.
+            wanted = {"allow": list(egress.allow), "deny": list(egress.deny)}
+            if session.network == Network.USER and session.egress != wanted:
+                session = await self.runtime.set_egress(session.id, egress.allow, egress.deny)
         else:
-            image = name
             try:
                 with await admission.create():
                     session = await self.runtime.create(
-                        image=image, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
-                        network=Network.NONE if internet is False else Network.USER,
-                        timeout_s=self._timeout(timeout_s), on_expiry=on_expiry,
+                        image=name, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
+                        network=network, allow_net=egress.allow, deny_net=egress.deny,
+                        timeout_s=self._timeout(spec.timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip
             except NotFound:
                 if name == E2B_BASE_IMAGE:
@@ -196,10 +219,13 @@ class Sandboxes:
                     f"template {name!r} not found: not an image, checkpoint or snapshot "
                     "(`forkpoint image ls`, `forkpoint checkpoints`)"
                 ) from None
-        return await asyncio.to_thread(
-            self._adopt, session, name, metadata, env_vars,
-            public_traffic=public_traffic, auto_resume=auto_resume,
+        like = E2bSandboxRecord(
+            session_id=session.id, access_token="", template=name, started_at=0,
+            metadata=dict(spec.metadata), env_vars=dict(spec.env_vars),
+            traffic_token=None if spec.public_traffic else "", auto_resume=spec.auto_resume,
+            host_mask=spec.host_mask,
         )  # fmt: skip
+        return await asyncio.to_thread(self._adopt, session, like)
 
     def _checkpoint(self, name: str) -> Checkpoint | None:
         if name in _BASE_TEMPLATES:
@@ -209,26 +235,25 @@ class Sandboxes:
         except (NotFound, InvalidInput):
             return None
 
-    def _adopt(
-        self,
-        session: Session,
-        template: str,
-        metadata: dict[str, str] | None,
-        env_vars: dict[str, str] | None,
-        *,
-        public_traffic: bool = True,
-        auto_resume: bool = False,
-    ) -> Sandbox:
+    def _adopt(self, session: Session, like: E2bSandboxRecord) -> Sandbox:
+        """Record ``session`` as a sandbox with ``like``'s options and tokens of its own
+        (a traffic token if ``like`` has one)."""
         record = self.records.insert(
-            E2bSandboxRecord(
-                session_id=session.id, access_token=secrets.token_urlsafe(24),
-                template=template, started_at=time.time(), metadata=dict(metadata or {}),
-                env_vars=dict(env_vars or {}),
-                traffic_token=None if public_traffic else secrets.token_urlsafe(24),
-                auto_resume=auto_resume,
+            dataclasses.replace(
+                like, session_id=session.id, access_token=secrets.token_urlsafe(24),
+                started_at=time.time(),
+                traffic_token=None if like.traffic_token is None else secrets.token_urlsafe(24),
             )
         )  # fmt: skip
         return Sandbox(session, record)
+
+    async def update_network(self, sandbox_id: str, egress: Egress) -> None:
+        """Replace a sandbox's egress rules; a running one is held to them at once.
+
+        :raises Conflict: it has no network at all (unjailed, created without internet).
+        """
+        await asyncio.to_thread(self.get, sandbox_id)
+        await self.runtime.set_egress(sandbox_id, egress.allow, egress.deny)
 
     def _timeout(self, timeout_s: int | None) -> int:
         return self.config.default_timeout_s if timeout_s is None else timeout_s
@@ -294,18 +319,7 @@ class Sandboxes:
             session = await self.runtime.set_timeout(
                 result.id, self._timeout(timeout_s), parent.session.on_expiry
             )
-            rec = parent.record
-            out.append(
-                await asyncio.to_thread(
-                    self._adopt,
-                    session,
-                    rec.template,
-                    rec.metadata,
-                    rec.env_vars,
-                    public_traffic=rec.traffic_token is None,
-                    auto_resume=rec.auto_resume,
-                )  # fmt: skip
-            )
+            out.append(await asyncio.to_thread(self._adopt, session, parent.record))
         return out
 
     async def snapshot(self, sandbox_id: str, name: str | None) -> Checkpoint:

@@ -17,6 +17,8 @@ __all__ = [
     "ForkResult",
     "Lifecycle",
     "ListedSandbox",
+    "NetworkBody",
+    "NetworkUpdateBody",
     "NewSandbox",
     "PauseBody",
     "RollbackBody",
@@ -36,8 +38,24 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class NetworkBody(_Body):
+_Destinations = list[str] | None  # addresses or CIDRs (E2B also takes host names)
+
+
+class NetworkUpdateBody(_Body):
+    """``PUT /sandboxes/{id}/network``: replaces the rules; an omitted field is cleared."""
+
+    allowOut: _Destinations = Field(default=None, max_length=1000)
+    denyOut: _Destinations = Field(default=None, max_length=1000)
+    allow_internet_access: bool | None = None
+    #: Header transforms per host; refused when given (not supported).
+    rules: dict[str, object] | None = None
+
+
+class NetworkBody(NetworkUpdateBody):
+    """``network`` in a create."""
+
     allowPublicTraffic: bool | None = None
+    maskRequestHost: str | None = Field(default=None, max_length=1000)
 
 
 class AutoResumeBody(_Body):
@@ -115,11 +133,19 @@ class ListedSandbox(BaseModel):
     volumeMounts: list[dict[str, str]] = Field(default_factory=list)
 
 
+class NetworkOut(BaseModel):
+    allowOut: list[str]
+    denyOut: list[str]
+    allowPublicTraffic: bool
+    maskRequestHost: str | None = None
+
+
 class SandboxDetail(ListedSandbox):
     envdAccessToken: str | None = None
     domain: str | None = None
     allowInternetAccess: bool | None = None
     lifecycle: Lifecycle | None = None
+    network: NetworkOut | None = None
 
 
 class ApiError(BaseModel):

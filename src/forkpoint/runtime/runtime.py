@@ -30,10 +30,12 @@ from forkpoint.runtime.metrics import Metrics
 from forkpoint.runtime.queries import Queries
 from forkpoint.runtime.restore.prepare import RollbackPreparer
 from forkpoint.runtime.restore.service import Restore
+from forkpoint.runtime.sessions.egress_rules import EgressRules
 from forkpoint.runtime.sessions.lifetime import Lifetimes
 from forkpoint.runtime.sessions.service import Sessions
 from forkpoint.store import Store
 from forkpoint.vm import QemuBuild
+from forkpoint.vm.jail import jails_processes
 
 __all__ = ["Runtime"]
 
@@ -60,6 +62,7 @@ class Runtime(Queries):
         lifetimes = Lifetimes(context, sessions, checkpoints, restore, collector)
         inspection = Inspection(context, restore, sessions, link)
         metrics = Metrics(context, link)
+        egress = EgressRules(context)
         self.watchers = watchers = Watchers(
             guest.watch_dir, lambda ref: context.store.get_session(ref).id
         )
@@ -74,6 +77,7 @@ class Runtime(Queries):
         self.forward_port = sessions.forward_port
         self.disk_bytes = sessions.disk_bytes
         self.set_timeout = lifetimes.set_timeout
+        self.set_egress = egress.set_egress
         self.expire = lifetimes.expire
         self.pause = lifetimes.pause
         self.resume = lifetimes.resume
@@ -130,6 +134,11 @@ class Runtime(Queries):
         self.checkpoint_files = context.checkpoint_files
         #: What a long-lived door lets in; everything until one calls :meth:`serve_long_lived`.
         self.admission = Admission(UNLIMITED, self)
+
+    @property
+    def filters_egress(self) -> bool:
+        """Whether guests are held to their egress rules (jailed VMs: forkpoint is root)."""
+        return jails_processes()
 
     @property
     def build(self) -> QemuBuild:

@@ -442,6 +442,11 @@ class AsyncSandbox:
         removed, or paused (``on_expiry``: ``"remove"``/``"pause"``; None: as before)."""
         self._info = await self._client.set_timeout(self.id, seconds, on_expiry)
 
+    async def set_egress(self, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> None:
+        """Replace where the guest may connect: ``allow``/``deny`` CIDRs on top of the
+        defaults (empty: the defaults). A running guest is held to them at once."""
+        self._info = await self._client.set_egress(self.id, allow, deny)
+
     async def pause(self) -> None:
         """Checkpoint this session and stop its VM; :meth:`resume` brings it back as it
         was (same id and ports, processes at the same PIDs). :raises Conflict: not running."""

@@ -237,6 +237,13 @@ class ApiClient:
         updated: Session = await self.call("set_timeout", session, body=body)
         return updated
 
+    async def set_egress(
+        self, session: str, allow_net: Sequence[str], deny_net: Sequence[str]
+    ) -> Session:
+        body = {"allow_net": list(allow_net), "deny_net": list(deny_net)}
+        updated: Session = await self.call("set_egress", session, body=body)
+        return updated
+
     async def pause(self, session: str) -> Session:
         paused: Session = await self.call("pause", session)
         return paused

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from forkpoint.errors import Conflict, InvalidInput, NotFound
 from forkpoint.store.models import (
@@ -83,9 +83,9 @@ def pids_json(value: object) -> str:
 
 
 def egress_json(value: object) -> str:
-    if not isinstance(value, dict):
+    if not isinstance(value, Mapping):
         raise InvalidInput(f"egress must be a JSON object, not {value!r}")
-    return json.dumps(value, sort_keys=True)
+    return json.dumps(dict(value), sort_keys=True)
 
 
 def enum_value(

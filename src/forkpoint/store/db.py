@@ -15,7 +15,7 @@ import json
 import sqlite3
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -322,7 +322,7 @@ class Store:
         aux_pids: Sequence[int] | Keep = KEEP,
         disk_mib: int | None | Keep = KEEP,
         expires_at: str | None | Keep = KEEP,
-        egress: dict[str, object] | Keep = KEEP,
+        egress: Mapping[str, object] | Keep = KEEP,
         on_expiry: Expiry | Keep = KEEP,
     ) -> SessionRecord:
         """Change the fields given (the others keep their values); return the new record.

@@ -34,6 +34,8 @@ class E2bSandboxRecord:
     traffic_token: str | None = None
     #: Paused, it wakes on a request to one of its ports.
     auto_resume: bool = False
+    #: The Host header requests to its ports arrive with (``${PORT}``: the port); None: theirs.
+    host_mask: str | None = None
 
 
 def _record(row: sqlite3.Row) -> E2bSandboxRecord:
@@ -42,6 +44,7 @@ def _record(row: sqlite3.Row) -> E2bSandboxRecord:
         template=row["template"], started_at=row["started_at"],
         metadata=json.loads(row["metadata"]), env_vars=json.loads(row["env_vars"]),
         traffic_token=row["traffic_token"], auto_resume=bool(row["auto_resume"]),
+        host_mask=row["host_mask"],
     )  # fmt: skip
 
 
@@ -55,12 +58,12 @@ class E2bStore:
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO e2b_sandboxes (session_id, access_token, template, metadata, "
-                "env_vars, started_at, traffic_token, auto_resume) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "env_vars, started_at, traffic_token, auto_resume, host_mask) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.session_id, record.access_token, record.template,
                     json.dumps(record.metadata), json.dumps(record.env_vars), record.started_at,
-                    record.traffic_token, int(record.auto_resume),
+                    record.traffic_token, int(record.auto_resume), record.host_mask,
                 ),
             )  # fmt: skip
         return record

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["migrate_e2b", "migrate_e2b_onto_sessions"]
+__all__ = [
+    "migrate_e2b",
+    "migrate_e2b_host_mask",
+    "migrate_e2b_onto_sessions",
+    "migrate_e2b_traffic_and_resume",
+]
 
 
 def migrate_e2b(conn: sqlite3.Connection) -> None:
@@ -80,3 +85,9 @@ def migrate_e2b_traffic_and_resume(conn: sqlite3.Connection) -> None:
         "ALTER TABLE e2b_sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0 "
         "CHECK (auto_resume IN (0, 1))"
     )
+
+
+def migrate_e2b_host_mask(conn: sqlite3.Connection) -> None:
+    """Schema v12: the Host header requests to a sandbox's ports arrive with
+    (``host_mask``, E2B's ``maskRequestHost``; NULL: as the client sent it)."""
+    conn.execute("ALTER TABLE e2b_sandboxes ADD COLUMN host_mask TEXT")

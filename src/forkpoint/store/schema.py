@@ -19,7 +19,12 @@ from collections.abc import Callable, Sequence
 
 from forkpoint.errors import Conflict, InternalError
 
-from .e2b_schema import migrate_e2b, migrate_e2b_onto_sessions, migrate_e2b_traffic_and_resume
+from .e2b_schema import (
+    migrate_e2b,
+    migrate_e2b_host_mask,
+    migrate_e2b_onto_sessions,
+    migrate_e2b_traffic_and_resume,
+)
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "schema_version"]
 
@@ -261,6 +266,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v9_purpose_and_expiry,
     _v10_metrics,
     migrate_e2b_traffic_and_resume,
+    migrate_e2b_host_mask,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

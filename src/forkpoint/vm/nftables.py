@@ -41,6 +41,7 @@ from .egress import EgressPolicy
 
 __all__ = [
     "TABLE",
+    "forget_policy",
     "install_rules",
     "install_script",
     "policy_map",
@@ -162,6 +163,14 @@ def remove_rules(uid: int, policy: EgressPolicy) -> None:
     :raises InternalError: as :func:`install_rules`.
     """
     _nft(remove_script(uid), tolerate=_GONE)
+    forget_policy(policy)
+
+
+def forget_policy(policy: EgressPolicy) -> None:
+    """Delete ``policy``'s maps unless a session's chain still uses them (blocking).
+
+    :raises InternalError: as :func:`install_rules`.
+    """
     if policy != EgressPolicy():  # the default's maps are nearly always in use: kept
         maps = "".join(f"delete map {TABLE} {policy_map(policy, v)}\n" for v in (4, 6))
         _nft(maps, tolerate=_GONE + _BUSY)  # both or neither: the same chains use them

@@ -1,5 +1,6 @@
 """A session's egress filter: installed before its passt starts (create, fork, rollback,
-a port forward's passt restart), removed with the session. See :mod:`forkpoint.vm.nftables`.
+a port forward's passt restart), replaced live by :mod:`.egress_rules`, removed
+with the session. See :mod:`forkpoint.vm.nftables`.
 
 The filter matches the session's own uid, so it exists only when VMs are jailed (forkpoint
 runs as root); without root passt runs as the user who runs forkpoint, whose own traffic no

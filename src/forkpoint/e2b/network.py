@@ -1,0 +1,100 @@
+"""E2B's network options on forkpoint's terms: ``allowOut``/``denyOut`` and
+``allow_internet_access`` as a session's egress adjustments, ``maskRequestHost`` checked.
+
+E2B lets an allowed destination beat any denied one; forkpoint's policy lets the most
+specific CIDR win, a tie going to deny (:mod:`forkpoint.vm.egress`). Two CIDRs are either
+nested or disjoint, so the two agree once every denied CIDR lying inside an allowed one is
+dropped: what is left of the denies is either disjoint from the allows or wider than them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from forkpoint.errors import InvalidInput
+from forkpoint.models import MAX_EGRESS_RULES
+
+__all__ = ["ALL_TRAFFIC", "Egress", "egress_of", "host_mask", "refuse_rules"]
+
+#: E2B's ``ALL_TRAFFIC`` (IPv4 only); denying it denies IPv6 too, as E2B guests have none.
+ALL_TRAFFIC = "0.0.0.0/0"
+_ALL_V6 = "::/0"
+# A host name with an optional port; ``${PORT}`` stands for the port the request is for.
+_HOST_MASK = re.compile(r"^([A-Za-z0-9.-]|\$\{PORT\})+(:([0-9]{1,5}|\$\{PORT\}))?$")
+
+
+@dataclass(frozen=True)
+class Egress:
+    """A session's egress adjustments, in forkpoint's terms."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    @property
+    def no_internet(self) -> bool:
+        """Everything denied, nothing allowed."""
+        return not self.allow and ALL_TRAFFIC in self.deny
+
+
+def egress_of(
+    allow_out: Iterable[str] | None, deny_out: Iterable[str] | None, internet: bool | None
+) -> Egress:
+    """What E2B's ``allowOut``, ``denyOut`` and ``allow_internet_access`` ask for.
+
+    :raises InvalidInput: not an address or CIDR (host names are not supported), or more
+        than forkpoint keeps.
+    """
+    allow = [_network(text, "allowOut") for text in allow_out or ()]
+    deny = [_network(text, "denyOut") for text in deny_out or ()]
+    if internet is False:  # E2B: the same as denyOut 0.0.0.0/0
+        deny.append(ipaddress.ip_network(ALL_TRAFFIC))
+    if ipaddress.ip_network(ALL_TRAFFIC) in deny:
+        deny.append(ipaddress.ip_network(_ALL_V6))
+    kept = [
+        net for net in deny
+        if not any(net.version == a.version and net.subnet_of(a) for a in allow)  # type: ignore[arg-type]
+    ]  # fmt: skip
+    for name, nets in (("allowOut", allow), ("denyOut", kept)):
+        if len(set(nets)) > MAX_EGRESS_RULES:
+            raise InvalidInput(f"{name}: at most {MAX_EGRESS_RULES} entries")
+    return Egress(tuple(sorted({str(n) for n in allow})), tuple(sorted({str(n) for n in kept})))
+
+
+def host_mask(mask: str | None) -> str | None:
+    """``maskRequestHost`` checked: a host name with an optional port, ``${PORT}`` allowed.
+
+    :raises InvalidInput: anything else (a header value must not carry more than a host).
+    """
+    if mask is None:
+        return None
+    if len(mask) > 255 or not _HOST_MASK.match(mask):
+        raise InvalidInput(
+            f"maskRequestHost must be a host name with an optional port (${{PORT}} for "
+            f"the requested one), not {mask!r}"
+        )
+    return mask
+
+
+def refuse_rules(rules: object) -> None:
+    """E2B's per-host header transforms (``network.rules``) are not carried out here.
+
+    :raises InvalidInput: some are given.
+    """
+    if rules:
+        raise InvalidInput(
+            "network.rules (header transforms on outbound requests) are not supported by "
+            "forkpoint's gateway"
+        )
+
+
+def _network(text: str, field: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise InvalidInput(
+            f"{field}: {text!r} is not an IP address or CIDR (forkpoint does not filter by "
+            "host name: give the addresses)"
+        ) from None
