@@ -101,9 +101,10 @@ _CHAINS: list[_Chain] = [
         [(0, "StartBackground", {}, {}), (1, "KillProcess", {}, {})],
     ),
 ]
-# A terminal's output streams as long as its program runs (a login shell: until it exits):
-# a fuzzer's request would only time out. `_walk_terminal` drives them instead.
-STREAMS = ("open_terminal", "connect_terminal")
+# A terminal's output streams as long as its program runs (a login shell: until it exits),
+# the events' as long as the client listens: a fuzzer's request would only time out.
+# `_walk_streams` drives them instead.
+STREAMS = ("open_terminal", "connect_terminal", "stream_events")
 HOOKS = Path(__file__).with_name("fuzz_hooks.py")  # use_after_free and ?path= (see there)
 
 
@@ -392,10 +393,11 @@ def _walk_chains(client: httpx.Client, spec: dict[str, Any], s3_url: str) -> lis
     return entries
 
 
-def _walk_terminal(client: httpx.Client) -> list[dict[str, Any]]:
+def _walk_streams(client: httpx.Client) -> list[dict[str, Any]]:
     """A terminal's operations in order: opened (its stream's first line gives the pid,
     then the client hangs up: the program runs on), typed into, resized, re-attached,
-    closed. Returns HAR-like entries to tally."""
+    closed; the session's first event on the events' stream. Returns HAR-like entries to
+    tally."""
     entries: list[dict[str, Any]] = []
 
     def note(answer: httpx.Response) -> httpx.Response:
@@ -419,6 +421,9 @@ def _walk_terminal(client: httpx.Client) -> list[dict[str, Any]]:
     note(client.post(f"{terminals}/{pid}/size", json={"cols": 100, "rows": 30}))
     assert first_line("GET", f"{terminals}/{pid}") == {"kind": "start", "pid": pid}
     note(client.delete(f"{terminals}/{pid}"))
+    with client.stream("GET", "/v1/events/stream", params={"session": session["id"]}) as events:
+        note(events)
+        assert next(events.iter_lines()).startswith("id: ")
     note(client.delete(f"/v1/sessions/{session['id']}"))
     return entries
 
@@ -452,7 +457,7 @@ def _fuzz(client: httpx.Client, fuzz_home: Path) -> None:
             runs.append(_schemathesis(url, token, phases, seconds, fuzz_home.parent / phases))
             _settle_and_clean(client)
         chained = _walk_chains(client, spec, os.environ["FORKPOINT_FUZZ_S3"])
-        chained += _walk_terminal(client)
+        chained += _walk_streams(client)
         _settle_and_clean(client)
         # A stateful scenario picks among ~100 link rules; any operation can miss out by
         # chance. Short stateful runs follow only the links leading to what got no 2xx yet,

@@ -3,6 +3,7 @@ the server's reaper run, and the disk use sessions and checkpoints report."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cli_run import FORKPOINT, cli, cli_json, remove_sessions
@@ -62,6 +64,27 @@ def test_upkeep_removes_expired_sessions_and_trims_logs(queries: Queries) -> Non
 
 
 # -- with real VMs ---------------------------------------------------------------------------
+
+
+def _sse(
+    client: httpx.Client, params: dict[str, str], headers: dict[str, str], count: int
+) -> list[tuple[str, str, dict[str, object]]]:
+    """The first ``count`` events of ``GET /v1/events/stream``: (id, kind, data)."""
+    got: list[tuple[str, str, dict[str, object]]] = []
+    with client.stream("GET", "/v1/events/stream", params=params, headers=headers) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in answer.iter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if "data" in fields:
+                got.append((fields["id"], fields["event"], json.loads(fields["data"])))
+                if len(got) == count:
+                    return got
+            fields = {}
+    raise AssertionError(f"the stream ended after {got}")
 
 
 def _qemu_pid(session_id: str) -> int:
@@ -136,6 +159,13 @@ def test_pause_resume_and_a_lifetime_that_ends_in_a_pause() -> None:
         cli("rm", s["id"])
         with Store.open(home()) as store:
             assert store.list_checkpoints(session_id=s["id"]) == []
+        # its life, as `forkpoint events` tells it (its events outlive it)
+        told = cli_json("events", "--session", s["id"])
+        assert [(e["kind"], e["detail"].get("then")) for e in told] == [
+            ("created", None), ("expired", "pause"), ("resumed", None), ("paused", None),
+            ("removed", None),
+        ]  # fmt: skip
+        assert told[2]["checkpoint"] == hidden.id  # resumed from its pause checkpoint
     finally:
         remove_sessions(s["id"])
 
@@ -159,6 +189,16 @@ def test_the_server_reaper_removes_an_expired_session(tmp_path: Path) -> None:
         removed_after = time.monotonic() - deadline + 30
         assert not is_running(pid, f"forkpoint-{s['id']}")
         print(f"removed ≈ {removed_after:.1f} s after create (timeout 3 s)")
+        # followed as server-sent events; a reconnect resumes after Last-Event-ID
+        transport = httpx.HTTPTransport(uds=str(tmp_path / "s"))
+        with httpx.Client(transport=transport, base_url="http://forkpoint", timeout=30) as client:
+            streamed = _sse(client, {"session": s["id"]}, {}, 2)
+            assert [(kind, data["detail"]) for _, kind, data in streamed] == [
+                ("created", {"image": "default"}),
+                ("expired", {"then": "remove"}),
+            ]
+            resumed = _sse(client, {"session": s["id"]}, {"Last-Event-ID": streamed[0][0]}, 1)
+            assert resumed == streamed[1:]
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)

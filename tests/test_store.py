@@ -260,6 +260,32 @@ def test_metrics_are_kept_an_hour_and_go_with_their_session(store: Store) -> Non
     assert rows.between(session.id, None, None) == []
 
 
+def test_events_are_in_order_outlive_sessions_and_the_oldest_go(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from forkpoint.models import EventKind
+    from forkpoint.store import events
+
+    rows = events.EventsStore(store)
+    session = _session(store)
+    rows.add([(EventKind.CREATED, session.id, None, {"image": "default"})])
+    rows.add([(EventKind.CHECKPOINTED, session.id, "c-0000000001", {"kind": "user"}),
+              (EventKind.CREATED, "s-other00000", None, {})])  # fmt: skip
+    store.delete_session(session.id)
+    rows.add([(EventKind.REMOVED, session.id, None, {})])
+    every = rows.after(0, None, 100)
+    assert [e.kind for e in every] == ["created", "checkpointed", "created", "removed"]
+    assert [e.id for e in every] == sorted(e.id for e in every)
+    assert every[1].checkpoint == "c-0000000001" and every[1].detail == {"kind": "user"}
+    assert [e.kind for e in rows.after(every[0].id, session.id, 100)] == ["checkpointed", "removed"]
+    assert rows.after(every[-1].id, None, 100) == []
+    assert rows.last(2, None) == every[2:]  # the last ones, oldest first
+    assert rows.last(1, session.id) == every[3:]
+    monkeypatch.setattr(events, "KEEP", 3)
+    rows.add([(EventKind.PAUSED, "s-other00000", None, {})])
+    assert [e.kind for e in rows.after(0, None, 100)] == ["created", "removed", "paused"]
+
+
 def test_every_session_gets_a_uid_of_its_own(store: Store) -> None:
     a, b = _session(store), _session(store)
     assert {a.uid, b.uid} == {store.uids.start, store.uids.start + 1}

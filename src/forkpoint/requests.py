@@ -70,6 +70,7 @@ __all__ = [
     "Ref",
     "DiffRequest",
     "EgressRequest",
+    "EventsRequest",
     "RollbackPreviewRequest",
     "UndoRequest",
     "WatchRequest",
@@ -465,6 +466,16 @@ class MetricsRequest(_Request):
 
     start: datetime | None = None
     end: datetime | None = None
+
+
+class EventsRequest(_Request):
+    """The events after event ``after`` (of one ``session``, if given), at most ``limit``;
+    with none yet, wait up to ``wait`` seconds for the first."""
+
+    after: Annotated[int, Field(ge=0), _JSON_INTEGER] = 0
+    session: Ref | None = None
+    wait: Annotated[Number, Field(ge=0, le=60)] = 0.0
+    limit: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 100
 
 
 class UndoRequest(_Request):

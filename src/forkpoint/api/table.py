@@ -12,8 +12,8 @@ lists in an object.
 The few operations whose shape is not "JSON in, JSON out" are wired by hand in each door
 and listed in :data:`BY_HAND`: ``exec`` (a foreground | background union answering two
 shapes), the file routes (raw bytes both ways), ``kill_process`` and ``list_checkpoints``
-(query parameters), a terminal's start and connect (NDJSON streams), health and the 202
-operations.
+(query parameters), a terminal's start and connect (NDJSON streams), the events' SSE
+stream, health and the 202 operations.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from forkpoint.models import (
     Checkpoint,
     CheckpointTransfer,
     ErrorResponse,
+    Event,
     FileCheck,
     FileEvent,
     HistoryStep,
@@ -49,6 +50,7 @@ from forkpoint.requests import (
     CreateSessionRequest,
     DiffRequest,
     EgressRequest,
+    EventsRequest,
     ForkRequest,
     MetricsRequest,
     PortRequest,
@@ -212,6 +214,10 @@ async def _metrics(rt: Runtime, ids: Ids, request: MetricsRequest) -> list[Metri
     return await rt.metrics(ids["session_id"], request.start, request.end)
 
 
+async def _events(rt: Runtime, ids: Ids, request: EventsRequest) -> list[Event]:
+    return await rt.events(request.after, request.session, request.wait, request.limit)
+
+
 async def _processes(rt: Runtime, ids: Ids, request: None) -> list[Process]:
     return await rt.ps(ids["session_id"])
 
@@ -344,6 +350,14 @@ OPERATIONS: tuple[Op, ...] = (
         description="CPU, memory and disk of a running session, sampled every 5 s by a "
         "long-lived door (serve, MCP, E2B) and kept an hour; start/end bound the time.",
     ),
+    Op(
+        "events", "GET", "/events", _events, "What happened to sessions", "sessions",
+        EventsRequest, list[Event], mcp=True,
+        description="Sessions' lifecycle events in order (created, forked, checkpointed, "
+        "rolled_back, paused, resumed, removed, expired), whoever caused them; ask again "
+        "with after=<the last id seen>; wait (s) waits for the next. GET /v1/events/stream "
+        "is the same as server-sent events.",
+    ),
     Op("processes", "GET", f"{_S}/processes", _processes, "A session's processes",
        "commands", response=list[Process]),
     Op("type_into_terminal", "POST", f"{_S}/terminals/{{pid}}/input", _type_into_terminal,
@@ -427,7 +441,7 @@ OPERATIONS: tuple[Op, ...] = (
 BY_HAND = (
     "health", "exec_command", "kill_process", "read_file", "write_file", "remove_file",
     "list_files", "list_checkpoints", "list_operations", "get_operation", "open_terminal",
-    "connect_terminal",
+    "connect_terminal", "stream_events",
 )  # fmt: skip
 
 _BY_NAME = {op.name: op for op in OPERATIONS}

@@ -23,6 +23,7 @@ def _register_all() -> None:
         checkpoints,
         demo,
         e2b,
+        events,
         guest,
         history,
         images,
@@ -42,6 +43,7 @@ def _register_all() -> None:
     browser.register(app)
     history.register(app)
     metrics.register(app)
+    events.register(app)
     demo.register(app)
     bench.register(app)
     serve.register(app)

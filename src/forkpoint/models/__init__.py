@@ -91,6 +91,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Event",
+    "EventKind",
     "ID_PATTERN",
     "MAX_CPUS",
     "MAX_DISK_MIB",
@@ -226,6 +228,37 @@ class Watcher:
     path: str
     recursive: bool = False
     entries: bool = False
+
+
+class EventKind(StrEnum):
+    """What happened to a session: ``created`` (from an image), ``forked`` (a new session
+    from a checkpoint), ``checkpointed``, ``rolled_back`` (also an undo), ``paused``,
+    ``resumed``, ``removed`` (on request) and ``expired`` (its lifetime ended: removed or
+    paused, see ``detail["then"]``)."""
+
+    CREATED = "created"
+    FORKED = "forked"
+    CHECKPOINTED = "checkpointed"
+    ROLLED_BACK = "rolled_back"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    REMOVED = "removed"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened to a session (``Runtime.events``), whichever door or
+    process did it. ``id`` grows with every event: ask for those after the last one seen.
+    ``at``: when (the store's UTC timestamp). ``checkpoint``: the one it was made from,
+    made, or rolled back to. ``detail``: the rest (image, checkpoint kind, ...)."""
+
+    id: int
+    at: str
+    kind: EventKind
+    session: str
+    checkpoint: str | None = None
+    detail: dict[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

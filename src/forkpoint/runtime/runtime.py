@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 
 from forkpoint.config import ApiLimits, Home, home
+from forkpoint.models import EventKind
 from forkpoint.runtime.admission import UNLIMITED, Admission
 from forkpoint.runtime.checkpoints.service import Checkpoints
 from forkpoint.runtime.context import RuntimeContext
+from forkpoint.runtime.events import Events, became, checkpointed, created, forked, removed
 from forkpoint.runtime.guest.link import GuestLink
 from forkpoint.runtime.guest.service import Guest
 from forkpoint.runtime.guest.watchers import Watchers
@@ -63,26 +65,28 @@ class Runtime(Queries):
         inspection = Inspection(context, restore, sessions, link)
         metrics = Metrics(context, link)
         egress = EgressRules(context)
+        events = Events(context)
+        announce = events.announce  # records what an operation did, once it succeeded
         self.watchers = watchers = Watchers(
             guest.watch_dir, lambda ref: context.store.get_session(ref).id
         )
 
         # Their operations, one name each.
-        self.create = sessions.create
+        self.create = announce(sessions.create, created)
         self.prepare = sessions.prepare
         self.fill_warm = sessions.fill_warm
         self.stop = sessions.stop
-        self.remove = sessions.remove
+        self.remove = announce(sessions.remove, removed)
         self.console = sessions.console
         self.forward_port = sessions.forward_port
         self.disk_bytes = sessions.disk_bytes
         self.set_timeout = lifetimes.set_timeout
         self.set_egress = egress.set_egress
         self.expire = lifetimes.expire
-        self.pause = lifetimes.pause
-        self.resume = lifetimes.resume
+        self.pause = announce(lifetimes.pause, became(EventKind.PAUSED))
+        self.resume = announce(lifetimes.resume, became(EventKind.RESUMED))
         self.paused_at = lifetimes.paused_at
-        self.checkpoint = checkpoints.checkpoint
+        self.checkpoint = announce(checkpoints.checkpoint, checkpointed)
         self.verify_checkpoint = checkpoints.verify_checkpoint
         self.push_checkpoint = checkpoints.push_checkpoint
         self.pull_checkpoint = checkpoints.pull_checkpoint
@@ -92,19 +96,21 @@ class Runtime(Queries):
         self.remove_checkpoint = collector.remove_checkpoint
         self.gc = collector.gc
         self.collect_hidden_checkpoints = collector.collect_hidden_checkpoints
-        self.fork = restore.fork
+        self.fork = announce(restore.fork, forked)
         self.scratch_fork = restore.scratch_fork
-        self.rollback = restore.rollback
+        self.rollback = announce(restore.rollback, became(EventKind.ROLLED_BACK))
         self.recover = restore.recover
         self.prepare_rollback = preparer.prepare_rollback
         self.scratch_sessions = restore.scratch_sessions
         self.history = history.history
-        self.undo = history.undo
+        self.undo = announce(history.undo, became(EventKind.ROLLED_BACK))
         self.step_labels = history.step_labels
         self.diff = inspection.diff
         self.diff_forks = inspection.diff_forks
         self.rollback_preview = inspection.rollback_preview
         self.metrics = metrics.metrics
+        self.events = events.events
+        self.recent_events = events.recent_events
         self.sample_metrics = metrics.sample
         self.agent = link.agent
         self.exec = guest.exec

@@ -20,6 +20,7 @@ from forkpoint.models import (
     BackgroundProcess,
     CheckpointTransfer,
     CommandResult,
+    Event,
     FileCheck,
     FileEntry,
     FileEvent,
@@ -395,6 +396,24 @@ class AsyncSandbox:
         """Every session."""
         async with ApiClient.held(base_url, token, runtime) as client:
             return await client.list_sessions()
+
+    @classmethod
+    async def events(
+        cls,
+        after: int = 0,
+        *,
+        session: str | None = None,
+        wait: float = 0.0,
+        limit: int = 100,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[Event]:
+        """What happened to sessions after event ``after`` (of ``session`` only), oldest
+        first: created, forked, checkpointed, rolled_back, paused, resumed, removed,
+        expired. ``wait``: with none yet, wait up to this many seconds for the next."""
+        async with ApiClient.held(base_url, token, runtime) as client:
+            return await client.events(after, session, wait, limit)
 
     @classmethod
     async def recover(

@@ -44,6 +44,7 @@ from forkpoint.models import (
     CheckpointTransfer,
     CommandResult,
     ErrorResponse,
+    Event,
     FileCheck,
     FileEntry,
     HistoryStep,
@@ -278,6 +279,11 @@ class ApiClient:
         query = {k: v.isoformat() for k, v in (("start", start), ("end", end)) if v is not None}
         samples: list[Metric] = await self.call("metrics", session, body=query)
         return samples
+
+    async def events(self, after: int, session: str | None, wait: float, limit: int) -> list[Event]:
+        query = {"after": after, "session": session, "wait": wait, "limit": limit}
+        found: list[Event] = await self.call("events", body=query)
+        return found
 
     async def undo(self, session: str, steps: int) -> Session:
         undone: Session = await self.call("undo", session, body={"steps": steps})

@@ -12,6 +12,7 @@ from forkpoint.models import (
     BackgroundProcess,
     CheckpointTransfer,
     CommandResult,
+    Event,
     FileCheck,
     FileEntry,
     FileEvent,
@@ -147,6 +148,18 @@ class Sandbox(SyncTwin):
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> list[Session]: ...
+    @classmethod
+    def events(
+        cls,
+        after: int = 0,
+        *,
+        session: str | None = None,
+        wait: float = 0.0,
+        limit: int = 100,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[Event]: ...
     @classmethod
     def recover(
         cls,

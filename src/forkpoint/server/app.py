@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Annotated, Any
 
-from fastapi import APIRouter, Body, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Body, FastAPI, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -40,6 +40,7 @@ from forkpoint.api import OPERATIONS, Op, admit
 from forkpoint.config import MAX_WAIT_S, ApiLimits
 from forkpoint.errors import ForkpointError, InvalidInput
 from forkpoint.models import (
+    NAME_PATTERN,
     RESERVED_CHECKPOINT_NAMES,
     BackgroundProcess,
     Checkpoint,
@@ -51,6 +52,7 @@ from forkpoint.models import (
     OperationKind,
     ProcessEvent,
     PtySize,
+    to_json_data,
 )
 from forkpoint.requests import (
     BackgroundExecRequest,
@@ -360,6 +362,37 @@ def _router(
         await runtime.kill_process(session_id, pid, int(signal) if signal.isdigit() else signal)
         return Response(status_code=204)
 
+    # -- events as server-sent events ------------------------------------------------------
+
+    @r.get(
+        "/events/stream",
+        response_class=StreamingResponse,
+        responses={200: {"content": {_SSE: {}}, "description": _SSE_EVENTS}},
+        tags=["sessions"],
+        summary="Follow what happens to sessions (server-sent events)",
+    )
+    async def stream_events(
+        after: Annotated[int, Query(ge=0, description="Start after this event id.")] = 0,
+        session: Annotated[
+            str | None, Query(pattern=NAME_PATTERN, description="One session's only.")
+        ] = None,
+        last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    ) -> StreamingResponse:
+        start = after if last_event_id is None else last_event_id  # a reconnecting browser
+
+        async def stream() -> AsyncIterator[bytes]:
+            seen = start
+            while True:
+                found = await runtime.events(seen, session, wait=_SSE_KEEPALIVE_S, limit=1000)
+                for event in found:
+                    data = json.dumps(to_json_data(event), separators=(",", ":"))
+                    yield f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n".encode()
+                    seen = event.id
+                if not found:
+                    yield b": still here\n\n"  # proxies and clients see the stream alive
+
+        return StreamingResponse(stream(), media_type=_SSE, headers={"Cache-Control": "no-cache"})
+
     # -- terminals (their output streams: NDJSON) --------------------------------------
 
     @r.post(
@@ -515,6 +548,12 @@ _ID_PARAMS = {
 
 
 _NDJSON = "application/x-ndjson"
+_SSE = "text/event-stream"
+_SSE_KEEPALIVE_S = 15.0
+_SSE_EVENTS = (
+    "Each event as `id: <id>`, `event: <kind>`, `data: <the event as JSON>`; a comment every "
+    "15 s while nothing happens. Reconnecting with `Last-Event-ID` resumes after it."
+)
 # A file's metadata: ``X-Metadata-<key>: <value>`` headers of its upload (as envd's).
 _METADATA_HEADER = "x-metadata-"
 _TERMINAL_EVENTS = (

@@ -254,6 +254,23 @@ def _v10_metrics(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v13_events(conn: sqlite3.Connection) -> None:
+    """What happened to sessions, in order (``store/events.py``); no foreign key: an
+    event outlives its session."""
+    _run(
+        conn,
+        """CREATE TABLE events (
+            id            INTEGER PRIMARY KEY AUTOINCREMENT,
+            at            TEXT NOT NULL,
+            kind          TEXT NOT NULL,
+            session_id    TEXT NOT NULL,
+            checkpoint_id TEXT,
+            detail        TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX events_session ON events(session_id, id)",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -267,6 +284,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v10_metrics,
     migrate_e2b_traffic_and_resume,
     migrate_e2b_host_mask,
+    _v13_events,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

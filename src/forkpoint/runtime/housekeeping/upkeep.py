@@ -17,14 +17,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from forkpoint.errors import ForkpointError
-from forkpoint.models import Expiry, SessionState
-from forkpoint.store import session_lock, utc_now
+from forkpoint.models import EventKind, Expiry, SessionState
+from forkpoint.store import Store, session_lock, utc_now
 from forkpoint.vm.logcap import trim_log
 
 if TYPE_CHECKING:
     from forkpoint.runtime.queries import Queries
 
-__all__ = ["due_to_pause", "expires_after", "upkeep"]
+__all__ = ["due_to_pause", "expires_after", "record_expired", "upkeep"]
 
 
 def expires_after(timeout_s: float | None) -> str | None:
@@ -49,8 +49,18 @@ def upkeep(queries: Queries) -> list[str]:
         elif record.state == SessionState.RUNNING:
             trim_log(queries.files(record.id).qemu_log)
     removed = [session_id for session_id in expired if _remove_expired(queries, session_id, now)]
+    record_expired(queries.store, removed, Expiry.REMOVE)
     _discard_dead_standbys(queries)
     return removed
+
+
+def record_expired(store: Store, session_ids: list[str], then: Expiry) -> None:
+    """The ``expired`` events of sessions whose lifetime ended (then removed or paused)."""
+    if not session_ids:
+        return
+    from forkpoint.store.events import EventsStore  # loaded by `ls` only when needed
+
+    EventsStore(store).add((EventKind.EXPIRED, s, None, {"then": then.value}) for s in session_ids)
 
 
 def due_to_pause(queries: Queries) -> list[str]:

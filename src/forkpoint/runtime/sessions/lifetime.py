@@ -13,7 +13,7 @@ from forkpoint.models import CheckpointKind, Expiry, Session, SessionState
 from forkpoint.runtime.checkpoints.service import Checkpoints
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.housekeeping.collector import Collector
-from forkpoint.runtime.housekeeping.upkeep import due_to_pause, expires_after
+from forkpoint.runtime.housekeeping.upkeep import due_to_pause, expires_after, record_expired
 from forkpoint.runtime.restore.service import Restore
 from forkpoint.runtime.sessions.service import Sessions
 from forkpoint.store import KEEP, session_lock_async
@@ -63,13 +63,16 @@ class Lifetimes:
         """End the lifetimes that are over: remove those sessions, or pause them; returns
         their ids. Every CLI call and the reaper of every long-lived door run it."""
         ended = await asyncio.to_thread(self.context.queries.upkeep)
+        paused = []
         for session_id in await asyncio.to_thread(due_to_pause, self.context.queries):
             try:
                 await self.pause(session_id)
             except ForkpointError as error:  # the next round tries again
                 _log.warning("forkpoint: pausing %s at its timeout: %s", session_id, error.message)
                 continue
-            ended.append(session_id)
+            paused.append(session_id)
+        await asyncio.to_thread(record_expired, self.context.store, paused, Expiry.PAUSE)
+        ended += paused
         if ended:
             await asyncio.to_thread(self.collector.collect_hidden_checkpoints)
         return ended

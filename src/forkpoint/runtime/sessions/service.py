@@ -290,12 +290,13 @@ class Sessions:
                     await machine.close()
         return await asyncio.to_thread(read_tail, files, max_bytes)
 
-    async def remove(self, session: str) -> None:
-        """Kill the session's VM and delete its files. :raises NotFound:"""
+    async def remove(self, session: str) -> str:
+        """Kill the session's VM and delete its files; returns its id. :raises NotFound:"""
         record = await asyncio.to_thread(self.context.store.get_session, session)
         async with session_lock_async(self.context.home, record.id):
             await self.destroy(await asyncio.to_thread(self.context.store.get_session, record.id))
         await asyncio.to_thread(self.collector.collect_hidden_checkpoints)
+        return record.id
 
     async def destroy(self, record: SessionRecord) -> None:
         await asyncio.to_thread(self._destroy_now, record)
