@@ -171,6 +171,40 @@ def test_pause_resume_and_a_lifetime_that_ends_in_a_pause() -> None:
 
 
 @pytest.mark.vm
+def test_a_filesystem_only_pause_boots_anew_from_the_disk() -> None:
+    """Paused keeping only its disk, a session resumes by booting from it: same id and
+    ports, its files as they were, a new kernel boot, none of its old processes. A
+    lifetime can end in such a pause too."""
+    s = cli_json("create", "--port", "8000")
+    try:
+        cli("exec", s["id"], "--", "sh", "-c", "echo persisted > /root/marker")
+        boot_id = ["cat", "/proc/sys/kernel/random/boot_id"]
+        before = cli("exec", s["id"], "--", *boot_id).stdout
+        cli_json("exec", "-b", s["id"], "--", "sleep", "1000")
+        paused = cli_json("pause", "--filesystem-only", s["id"])
+        assert (paused["state"], paused["paused_on_disk"]) == ("stopped", True)
+        with Store.open(home()) as store:  # no memory kept: no checkpoint of its own
+            assert store.list_checkpoints(session_id=s["id"]) == []
+        resumed = cli_json("resume", s["id"])
+        assert (resumed["state"], resumed["paused_on_disk"]) == ("running", False)
+        assert resumed["ports"] == s["ports"]
+        assert cli("exec", s["id"], "--", "cat", "/root/marker").stdout == b"persisted\n"
+        assert cli("exec", s["id"], "--", *boot_id).stdout != before
+        running = cli("exec", s["id"], "--", "ps", "-eo", "args").stdout
+        assert b"sleep 1000" not in running  # rebooted: its processes are gone
+        kinds = [e["kind"] for e in cli_json("events", "--session", s["id"])]
+        assert kinds == ["created", "paused", "resumed"]
+
+        cli_json("timeout", s["id"], "0", "--on-timeout", "pause", "--filesystem-only")
+        ended = cli_json("show", s["id"])  # this CLI call pauses it, disk only
+        assert (ended["state"], ended["paused_on_disk"]) == ("stopped", True)
+        assert cli_json("resume", s["id"])["state"] == "running"
+        assert cli("exec", s["id"], "--", "cat", "/root/marker").stdout == b"persisted\n"
+    finally:
+        remove_sessions(s["id"])
+
+
+@pytest.mark.vm
 def test_the_server_reaper_removes_an_expired_session(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [*FORKPOINT, "serve", "--socket", str(tmp_path / "s")], stderr=subprocess.DEVNULL

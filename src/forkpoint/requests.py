@@ -66,6 +66,7 @@ __all__ = [
     "GuestPort",
     "MemoryMiB",
     "Name",
+    "PauseRequest",
     "PortRequest",
     "Ref",
     "DiffRequest",
@@ -256,6 +257,12 @@ class CreateSessionRequest(_Request):
     )
 
 
+class PauseRequest(_Request):
+    """``keep_memory=False``: keep only the disk; resuming boots the guest anew from it."""
+
+    keep_memory: Flag = True
+
+
 class EgressRequest(_Request):
     """A session's egress adjustments, replacing the ones it has (empty: the defaults)."""
 
@@ -280,6 +287,9 @@ class TimeoutRequest(_Request):
         | None
     )
     on_expiry: Expiry | None = None
+    keep_memory: Flag | None = Field(
+        default=None, description="Whether a pause at its end keeps its memory (None: as before)."
+    )
 
 
 class _ExecBase(_Request):

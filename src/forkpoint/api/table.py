@@ -53,6 +53,7 @@ from forkpoint.requests import (
     EventsRequest,
     ForkRequest,
     MetricsRequest,
+    PauseRequest,
     PortRequest,
     PullRequest,
     PushRequest,
@@ -148,15 +149,17 @@ async def _remove_session(rt: Runtime, ids: Ids, request: None) -> None:
 
 
 async def _set_timeout(rt: Runtime, ids: Ids, request: TimeoutRequest) -> Session:
-    return await rt.set_timeout(ids["session_id"], request.timeout_s, request.on_expiry)
+    return await rt.set_timeout(
+        ids["session_id"], request.timeout_s, request.on_expiry, request.keep_memory
+    )
 
 
 async def _set_egress(rt: Runtime, ids: Ids, request: EgressRequest) -> Session:
     return await rt.set_egress(ids["session_id"], request.allow_net, request.deny_net)
 
 
-async def _pause(rt: Runtime, ids: Ids, request: None) -> Session:
-    return await rt.pause(ids["session_id"])
+async def _pause(rt: Runtime, ids: Ids, request: PauseRequest) -> Session:
+    return await rt.pause(ids["session_id"], request.keep_memory)
 
 
 async def _resume(rt: Runtime, ids: Ids, request: None) -> Session:
@@ -300,9 +303,11 @@ OPERATIONS: tuple[Op, ...] = (
     ),
     Op(
         "pause", "POST", f"{_S}/pause", _pause, "Pause a session", "sessions",
-        response=Session, cost=Cost.CHECKPOINT, mcp=True,
+        PauseRequest, Session, cost=Cost.CHECKPOINT, mcp=True,
         description="Checkpoint the session and stop its VM; resume brings it back as it was "
-        "(same id and ports, processes at the same PIDs). A paused session never expires.",
+        "(same id and ports, processes at the same PIDs). A paused session never expires. "
+        "keep_memory=false keeps only its disk: resume then boots it anew from that disk "
+        "(same id and ports, its processes started afresh).",
     ),
     Op(
         "resume", "POST", f"{_S}/resume", _resume, "Resume a paused session", "sessions",

@@ -270,6 +270,13 @@ def timeout_command(
         Expiry | None,
         typer.Option("--on-timeout", help="Then remove or pause it (default: as before)."),
     ] = None,
+    filesystem_only: Annotated[
+        bool | None,
+        typer.Option(
+            "--filesystem-only/--keep-memory",
+            help="A pause then keeps only its disk, or its memory too (default: as before).",
+        ),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Set a session's lifetime, from now: past it, the session is removed (its
@@ -285,7 +292,8 @@ def timeout_command(
             raise InvalidInput(f"not a number of seconds or `never`: {seconds!r}") from None
 
     async def op(runtime: Runtime) -> Session:
-        return await runtime.set_timeout(session, lifetime, on_timeout)
+        keep_memory = None if filesystem_only is None else not filesystem_only
+        return await runtime.set_timeout(session, lifetime, on_timeout, keep_memory)
 
     s = run(op)
     if as_json:
@@ -320,20 +328,28 @@ def egress_command(
 @reports_errors
 def pause_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
+    filesystem_only: Annotated[
+        bool,
+        typer.Option(
+            "--filesystem-only",
+            help="Keep only its disk: resume boots it anew from that (its processes restart).",
+        ),
+    ] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Checkpoint a session and stop its VM; `resume` brings it back as it was (same id
     and ports, processes at the same PIDs). A paused session never expires."""
 
     async def op(runtime: Runtime) -> Session:
-        return await runtime.pause(session)
+        return await runtime.pause(session, keep_memory=not filesystem_only)
 
     with spinner(f"pausing {session}…"), Timer() as timer:
         s = run(op)
     if as_json:
         emit_json(s)
         return
-    console.print(f"[cyan]{s.id}[/] paused in {format_ms(timer.ms)}", highlight=False)
+    kept = " (its disk only)" if s.paused_on_disk else ""
+    console.print(f"[cyan]{s.id}[/] paused{kept} in {format_ms(timer.ms)}", highlight=False)
 
 
 @reports_errors
@@ -341,7 +357,8 @@ def resume_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Bring a paused session back from the checkpoint it was paused at."""
+    """Bring a paused session back from the checkpoint it was paused at (one paused
+    --filesystem-only: booted anew from its disk)."""
 
     async def op(runtime: Runtime) -> Session:
         return await runtime.resume(session)

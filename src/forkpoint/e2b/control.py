@@ -89,6 +89,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
         refuse_rules(network.rules)
         spec = SandboxSpec(
             template=body.templateID, timeout_s=body.timeout, auto_pause=body.autoPause,
+            pause_memory=body.autoPauseMemory is not False,
             egress=egress_of(network.allowOut, network.denyOut, body.allow_internet_access),
             metadata=body.metadata or {}, env_vars=body.envVars or {},
             public_traffic=network.allowPublicTraffic is not False,
@@ -147,6 +148,8 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             lifecycle=Lifecycle(
                 autoResume=r.auto_resume, onTimeout="pause" if sandbox.auto_pause else "kill"
             ),
+            pauseMode=None if not sandbox.paused
+            else "filesystem" if sandbox.session.paused_on_disk else "full",
             network=NetworkOut(
                 allowOut=sandbox.session.egress.get("allow", []), denyOut=deny,
                 allowPublicTraffic=r.traffic_token is None, maskRequestHost=r.host_mask,
@@ -165,10 +168,8 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
     async def pause(sandbox_id: str, body: PauseBody | None = None) -> Response:
-        if body is not None and body.memory is False:
-            return _error(400, "pausing without memory is not supported by forkpoint",
-                          "snapshot_filesystem_only_disabled")  # fmt: skip
-        await sandboxes.pause(sandbox_id)
+        """``{"memory": false}``: filesystem only (the next connect boots from the disk)."""
+        await sandboxes.pause(sandbox_id, keep_memory=body is None or body.memory is not False)
         return Response(status_code=204)
 
     @router.post("/v2/sandboxes/{sandbox_id}/connect", response_model=SandboxOut)

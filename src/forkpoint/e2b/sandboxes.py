@@ -70,11 +70,13 @@ class GatewayConfig:
 @dataclass(frozen=True)
 class SandboxSpec:
     """What E2B's create asks for. The last five stay on the sandbox's record, and its
-    forks inherit them (with tokens of their own)."""
+    forks inherit them (with tokens of their own), as they do its lifetime's end."""
 
     template: str | None = None
     timeout_s: int | None = None
     auto_pause: bool = False
+    #: Whether its auto-pause keeps its memory (E2B's ``keep_memory``), else only its disk.
+    pause_memory: bool = True
     egress: Egress = Egress()
     metadata: Mapping[str, str] = field(default_factory=dict)
     env_vars: Mapping[str, str] = field(default_factory=dict)
@@ -164,7 +166,8 @@ class Sandboxes:
                 "(header e2b-traffic-access-token)"
             )
         if sandbox.paused:
-            if not sandbox.record.auto_resume:
+            # E2B: a sandbox paused without its memory wakes on connect only
+            if not sandbox.record.auto_resume or sandbox.session.paused_on_disk:
                 raise NotFound(f"The sandbox {sandbox_id} was not found")
             sandbox, _ = await self.connect(sandbox_id, None)
         return sandbox
@@ -196,7 +199,7 @@ class Sandboxes:
             with ticket:
                 session = _only(await self.runtime.fork(checkpoint.id, 1))
             session = await self.runtime.set_timeout(
-                session.id, self._timeout(spec.timeout_s), on_expiry
+                session.id, self._timeout(spec.timeout_s), on_expiry, spec.pause_memory
             )
             # A fork keeps its source's rules; a sandbox has those it is created with.
             wanted = {"allow": list(egress.allow), "deny": list(egress.deny)}
@@ -210,6 +213,10 @@ class Sandboxes:
                         network=network, allow_net=egress.allow, deny_net=egress.deny,
                         timeout_s=self._timeout(spec.timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip
+                if not spec.pause_memory:
+                    session = await self.runtime.set_timeout(
+                        session.id, self._timeout(spec.timeout_s), on_expiry, keep_memory=False
+                    )
             except NotFound:
                 if name == E2B_BASE_IMAGE:
                     raise NotFound(
@@ -280,14 +287,15 @@ class Sandboxes:
             await self.runtime.set_timeout(sandbox_id, timeout)
         return await asyncio.to_thread(self.get, sandbox_id), resumed
 
-    async def pause(self, sandbox_id: str) -> None:
-        """Checkpoint and stop the VM. :raises Conflict: already paused."""
+    async def pause(self, sandbox_id: str, keep_memory: bool = True) -> None:
+        """Checkpoint and stop the VM (``keep_memory=False``: keep its disk only; the next
+        connect boots from it). :raises Conflict: already paused."""
         sandbox = await asyncio.to_thread(self.get, sandbox_id)
         if sandbox.paused:
             raise Conflict(f"sandbox {sandbox_id} is already paused")
         ticket, _ = await self.runtime.admission.checkpoint(sandbox_id)
         with ticket:
-            await self.runtime.pause(sandbox_id)
+            await self.runtime.pause(sandbox_id, keep_memory)
 
     async def kill(self, sandbox_id: str) -> None:
         """:raises NotFound:"""
@@ -317,8 +325,9 @@ class Sandboxes:
                 out.append(result)
                 continue
             session = await self.runtime.set_timeout(
-                result.id, self._timeout(timeout_s), parent.session.on_expiry
-            )
+                result.id, self._timeout(timeout_s), parent.session.on_expiry,
+                parent.session.keep_memory,
+            )  # fmt: skip
             out.append(await asyncio.to_thread(self._adopt, session, parent.record))
         return out
 

@@ -66,6 +66,7 @@ class NewSandbox(_Body):
     templateID: str | None = Field(default=None, max_length=200)
     timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
     autoPause: bool = False
+    autoPauseMemory: bool | None = None
     autoResume: AutoResumeBody | None = None
     allow_internet_access: bool | None = None
     network: NetworkBody | None = None
@@ -146,6 +147,7 @@ class SandboxDetail(ListedSandbox):
     allowInternetAccess: bool | None = None
     lifecycle: Lifecycle | None = None
     network: NetworkOut | None = None
+    pauseMode: Literal["full", "filesystem"] | None = None
 
 
 class ApiError(BaseModel):

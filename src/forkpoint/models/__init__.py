@@ -336,6 +336,10 @@ class Session:
     disk_bytes: int = 0
     disk_mib: int | None = None
     on_expiry: Expiry = Expiry.REMOVE
+    #: Whether a pause at its expiry keeps its memory (else only its disk).
+    keep_memory: bool = True
+    #: Paused keeping only its disk: ``resume`` boots it anew from that disk.
+    paused_on_disk: bool = False
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""

@@ -23,6 +23,8 @@ def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
         network=record.network,
         expires_at=record.expires_at,
         on_expiry=record.on_expiry,
+        keep_memory=record.pause_memory,
+        paused_on_disk=record.paused_on_disk,
         disk_mib=record.disk_mib,
         disk_bytes=disk_bytes,
         limits=limits_of(record.qemu_pid) if record.state == SessionState.RUNNING else None,

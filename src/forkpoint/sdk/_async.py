@@ -456,20 +456,24 @@ class AsyncSandbox:
         ck = checkpoint.id if isinstance(checkpoint, AsyncCheckpoint) else checkpoint
         self._info = await self._client.rollback(self.id, ck)
 
-    async def set_timeout(self, seconds: float | None, on_expiry: str | None = None) -> None:
+    async def set_timeout(
+        self, seconds: float | None, on_expiry: str | None = None, keep_memory: bool | None = None
+    ) -> None:
         """End this session's lifetime ``seconds`` from now (0: now; None: never): then it is
-        removed, or paused (``on_expiry``: ``"remove"``/``"pause"``; None: as before)."""
-        self._info = await self._client.set_timeout(self.id, seconds, on_expiry)
+        removed, or paused (``on_expiry``: ``"remove"``/``"pause"``; None: as before), the
+        pause keeping its memory or only its disk (``keep_memory``; None: as before)."""
+        self._info = await self._client.set_timeout(self.id, seconds, on_expiry, keep_memory)
 
     async def set_egress(self, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> None:
         """Replace where the guest may connect: ``allow``/``deny`` CIDRs on top of the
         defaults (empty: the defaults). A running guest is held to them at once."""
         self._info = await self._client.set_egress(self.id, allow, deny)
 
-    async def pause(self) -> None:
+    async def pause(self, keep_memory: bool = True) -> None:
         """Checkpoint this session and stop its VM; :meth:`resume` brings it back as it
-        was (same id and ports, processes at the same PIDs). :raises Conflict: not running."""
-        self._info = await self._client.pause(self.id)
+        was (same id and ports, processes at the same PIDs). ``keep_memory=False`` keeps
+        only its disk: resume boots it anew from that. :raises Conflict: not running."""
+        self._info = await self._client.pause(self.id, keep_memory)
 
     async def resume(self) -> None:
         """Bring this paused session back. :raises Conflict: it is not paused."""

@@ -232,9 +232,13 @@ class ApiClient:
         await self.call("remove_session", session)
 
     async def set_timeout(
-        self, session: str, timeout_s: float | None, on_expiry: str | None = None
+        self,
+        session: str,
+        timeout_s: float | None,
+        on_expiry: str | None = None,
+        keep_memory: bool | None = None,
     ) -> Session:
-        body = {"timeout_s": timeout_s, "on_expiry": on_expiry}
+        body = {"timeout_s": timeout_s, "on_expiry": on_expiry, "keep_memory": keep_memory}
         updated: Session = await self.call("set_timeout", session, body=body)
         return updated
 
@@ -245,8 +249,8 @@ class ApiClient:
         updated: Session = await self.call("set_egress", session, body=body)
         return updated
 
-    async def pause(self, session: str) -> Session:
-        paused: Session = await self.call("pause", session)
+    async def pause(self, session: str, keep_memory: bool = True) -> Session:
+        paused: Session = await self.call("pause", session, body={"keep_memory": keep_memory})
         return paused
 
     async def resume(self, session: str) -> Session:

@@ -29,7 +29,7 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from starlette.convertors import StringConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
@@ -287,15 +287,20 @@ def _router(
         one's ``?wait=``; admitted by the runtime's policy before it runs."""
         heavy_kind = op.cost.kind if op.cost is not None else None
         params = [_keyword(name, _ID_PARAMS[name]) for name in op.ids]
-        if op.request is not None:  # a GET's request is its query string
-            where = Query() if op.method == "GET" else Body()
-            params.append(_keyword("body", Annotated[op.request, where]))
+        if op.request is not None and op.method == "GET":  # its query string
+            params.append(_keyword("body", Annotated[op.request, Query()]))
+        elif op.request is not None and _all_defaults(op.request):  # no body: the defaults
+            params.append(_keyword("body", Annotated[op.request | None, Body()], None))
+        elif op.request is not None:
+            params.append(_keyword("body", Annotated[op.request, Body()]))
         if heavy_kind is not None:
             params.append(_keyword("wait", Wait, default_wait))
 
         async def handler(**arguments: Any) -> Any:
             ids = {name: arguments[name] for name in op.ids}
             body = arguments.get("body")
+            if body is None and op.request is not None:
+                body = op.request()
             ticket, target = await admit(op, admission, ids, body)
             if heavy_kind is not None:
                 work = functools.partial(op.call, runtime, ids, body)
@@ -590,6 +595,11 @@ def _event_line(event: ProcessEvent) -> bytes:
     elif event.kind != "start":
         line["data"] = base64.b64encode(event.data).decode("ascii")
     return json.dumps(line).encode() + b"\n"
+
+
+def _all_defaults(model: type[BaseModel]) -> bool:
+    """Whether every field of ``model`` has a default (its body may then be left out)."""
+    return all(not field.is_required() for field in model.model_fields.values())
 
 
 def _keyword(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> Any:

@@ -22,6 +22,7 @@ __all__ = [
     "CHECKPOINT_COLUMNS",
     "SESSION_COLUMNS",
     "SESSION_UPDATERS",
+    "check_bool",
     "check_int",
     "check_layer_name",
     "check_port",
@@ -45,7 +46,7 @@ __all__ = [
 SESSION_COLUMNS = (
     "id, name, image, image_hash, state, created_at, parent_checkpoint, memory_mib, cpus, "
     "network, disk_layer, generation, qemu_pid, aux_pids, uid, disk_mib, expires_at, egress, "
-    "on_expiry"
+    "on_expiry, pause_memory, paused_on_disk"
 )
 CHECKPOINT_COLUMNS = (
     "id, session_id, name, kind, created_at, disk_layer, parent_checkpoint, image, "
@@ -60,6 +61,12 @@ def check_int(value: object, what: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidInput(f"{what} must be an integer >= {minimum}, not {value!r}")
     return value
+
+
+def check_bool(value: object, what: str) -> int:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{what} must be true or false, not {value!r}")
+    return int(value)
 
 
 def check_str(value: object, what: str) -> str:
@@ -126,6 +133,8 @@ SESSION_UPDATERS: dict[str, Callable[[object], object]] = {
     "expires_at": lambda v: opt_str(v, "expires_at"),
     "egress": lambda v: egress_json(v),
     "on_expiry": lambda v: enum_value(Expiry, v, "on_expiry"),
+    "pause_memory": lambda v: check_bool(v, "pause_memory"),
+    "paused_on_disk": lambda v: check_bool(v, "paused_on_disk"),
 }
 
 
@@ -151,6 +160,8 @@ def session_from_row(row: sqlite3.Row, ports: Iterable[PortForward]) -> SessionR
         expires_at=row["expires_at"],
         egress=json.loads(row["egress"]),
         on_expiry=Expiry(row["on_expiry"]),
+        pause_memory=bool(row["pause_memory"]),
+        paused_on_disk=bool(row["paused_on_disk"]),
     )
 
 

@@ -246,7 +246,7 @@ class Store:
             require_checkpoint(conn, record.parent_checkpoint)
             conn.execute(
                 f"INSERT INTO sessions ({SESSION_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
                     record.name,
@@ -267,6 +267,8 @@ class Store:
                     SESSION_UPDATERS["expires_at"](record.expires_at),
                     egress_json(record.egress),
                     SESSION_UPDATERS["on_expiry"](record.on_expiry),
+                    int(record.pause_memory),
+                    int(record.paused_on_disk),
                 ),
             )
             for port in record.ports:
@@ -324,6 +326,8 @@ class Store:
         expires_at: str | None | Keep = KEEP,
         egress: Mapping[str, object] | Keep = KEEP,
         on_expiry: Expiry | Keep = KEEP,
+        pause_memory: bool | Keep = KEEP,
+        paused_on_disk: bool | Keep = KEEP,
     ) -> SessionRecord:
         """Change the fields given (the others keep their values); return the new record.
 
@@ -341,6 +345,7 @@ class Store:
             "network": network, "disk_layer": disk_layer, "generation": generation,
             "qemu_pid": qemu_pid, "aux_pids": aux_pids, "disk_mib": disk_mib,
             "expires_at": expires_at, "egress": egress, "on_expiry": on_expiry,
+            "pause_memory": pause_memory, "paused_on_disk": paused_on_disk,
         }  # fmt: skip
         fields = {key: value for key, value in given.items() if value is not KEEP}
         values = {key: SESSION_UPDATERS[key](value) for key, value in fields.items()}

@@ -127,6 +127,10 @@ class SessionRecord:
     expires_at: str | None = None
     egress: dict[str, Any] = field(default_factory=dict, hash=False)
     on_expiry: Expiry = Expiry.REMOVE
+    #: Whether a pause at its expiry keeps its memory (else only its disk: see paused_on_disk).
+    pause_memory: bool = True
+    #: Paused without its memory: it resumes by booting from its disk.
+    paused_on_disk: bool = False
 
     @classmethod
     def new(
@@ -192,6 +196,8 @@ class SessionRecord:
             "expires_at": self.expires_at,
             "egress": self.egress,
             "on_expiry": self.on_expiry.value,
+            "pause_memory": self.pause_memory,
+            "paused_on_disk": self.paused_on_disk,
         }
 
 

@@ -271,6 +271,19 @@ def _v13_events(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v14_filesystem_pause(conn: sqlite3.Connection) -> None:
+    """A pause may keep only a session's disk: ``pause_memory`` says whether a pause at its
+    expiry keeps its memory, ``paused_on_disk`` that it was paused so (it resumes by
+    booting from its disk)."""
+    _run(
+        conn,
+        "ALTER TABLE sessions ADD COLUMN pause_memory INTEGER NOT NULL DEFAULT 1 "
+        "CHECK (pause_memory IN (0, 1))",
+        "ALTER TABLE sessions ADD COLUMN paused_on_disk INTEGER NOT NULL DEFAULT 0 "
+        "CHECK (paused_on_disk IN (0, 1))",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -285,6 +298,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     migrate_e2b_traffic_and_resume,
     migrate_e2b_host_mask,
     _v13_events,
+    _v14_filesystem_pause,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -64,13 +64,43 @@ class Templates:
         return self.store.get_checkpoint(checkpoint_id)
 
     async def _boot(self, image: Image, shape: MachineShape) -> CheckpointRecord:
-        directory = self.home.sessions / f"template-{image.hash}-{shape.key}"
+        origin = CheckpointOrigin(
+            session_id=f"template-{image.hash}", name=None, kind=CheckpointKind.TEMPLATE,
+            image=image, shape=shape, parent=None, guest_ports=(),
+        )  # fmt: skip
+        try:
+            record = await self.boot(image, shape, origin, f"template-{image.hash}-{shape.key}")
+        except ForkpointError as error:
+            raise InternalError(
+                f"booting image {image.name} to build its template failed: {error.message}",
+                log_tail=error.log_tail,
+            ) from error
+        await asyncio.to_thread(self.store.set_template, image.hash, shape.key, record.id)
+        return record
+
+    async def boot(
+        self,
+        image: Image,
+        shape: MachineShape,
+        origin: CheckpointOrigin,
+        name: str,
+        disk: str | None = None,
+    ) -> CheckpointRecord:
+        """Boot ``image`` to agent-ready with its service started and checkpoint it as
+        ``origin`` says; the VM is gone on return. Its disk: a new layer on the image's
+        root filesystem, or on layer ``disk`` (a paused session's, to boot it anew).
+        ``name``: its VM directory's and cgroup's. The caller holds the ``gc`` lock.
+
+        :raises ForkpointError: the boot failed (with the VM's log tail).
+        """
+        directory = self.home.sessions / name
         files = VmFiles(directory, f"forkpoint-{directory.name}")
         await asyncio.to_thread(shutil.rmtree, files.dir, ignore_errors=True)
         files.ensure()
         base = new_layer_name()
-        await asyncio.to_thread(create_overlay, image.rootfs, self.home.layers / base)
-        await asyncio.to_thread(self.store.insert_layer, base)
+        backing = image.rootfs if disk is None else self.home.layers / disk
+        await asyncio.to_thread(create_overlay, backing, self.home.layers / base)
+        await asyncio.to_thread(self.store.insert_layer, base, disk)
         cgroup = await asyncio.to_thread(prepare_cgroup, self.home, directory.name, shape)
         machine = await Machine.start(
             qemu_build(), shape, boot_files(image, shape), files, self.home.layers / base,
@@ -84,18 +114,10 @@ class Templates:
             ) as agent:
                 await agent.hello()
                 await _start_image_command(agent, image)
-            origin = CheckpointOrigin(
-                session_id=f"template-{image.hash}", name=None, kind=CheckpointKind.TEMPLATE,
-                image=image, shape=shape, parent=None, guest_ports=(),
-            )  # fmt: skip
-            record = await self.checkpointer.write(machine, files.boot_ram, base, origin)
-            await asyncio.to_thread(self.store.set_template, image.hash, shape.key, record.id)
-            return record
+            return await self.checkpointer.write(machine, files.boot_ram, base, origin)
         except ForkpointError as error:
-            raise InternalError(
-                f"booting image {image.name} to build its template failed: {error.message}",
-                log_tail=files.log_tail(),
-            ) from error
+            error.log_tail = files.log_tail() or error.log_tail  # read before it is deleted
+            raise
         finally:
             await machine.kill()
             await asyncio.to_thread(shutil.rmtree, files.dir, ignore_errors=True)
