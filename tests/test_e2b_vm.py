@@ -121,6 +121,15 @@ def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) 
         other = sbx.create_snapshot()
         assert Sandbox.delete_snapshot(other.snapshot_id) is True
         assert Sandbox.delete_snapshot(other.snapshot_id) is False
+
+        # filesystem only: its files stay, and the next connect boots from them
+        sbx.files.write("/home/user/kept.txt", "kept")
+        boot_id = sbx.files.read("/proc/sys/kernel/random/boot_id")
+        assert sbx.pause(mode="filesystem") is True
+        assert not sbx.is_running()
+        rebooted = Sandbox.connect(sbx.sandbox_id)
+        assert rebooted.files.read("/home/user/kept.txt") == "kept"
+        assert rebooted.files.read("/proc/sys/kernel/random/boot_id") != boot_id
     finally:
         for sandbox_id in extra:
             Sandbox.kill(sandbox_id)

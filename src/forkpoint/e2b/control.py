@@ -148,8 +148,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             lifecycle=Lifecycle(
                 autoResume=r.auto_resume, onTimeout="pause" if sandbox.auto_pause else "kill"
             ),
-            pauseMode=None if not sandbox.paused
-            else "filesystem" if sandbox.session.paused_on_disk else "full",
+            # how it is paused, or would be at its timeout
+            pauseMode="filesystem" if sandbox.session.paused_on_disk
+            or not sandbox.session.keep_memory else "full",
             network=NetworkOut(
                 allowOut=sandbox.session.egress.get("allow", []), denyOut=deny,
                 allowPublicTraffic=r.traffic_token is None, maskRequestHost=r.host_mask,

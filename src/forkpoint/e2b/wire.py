@@ -147,7 +147,7 @@ class SandboxDetail(ListedSandbox):
     allowInternetAccess: bool | None = None
     lifecycle: Lifecycle | None = None
     network: NetworkOut | None = None
-    pauseMode: Literal["full", "filesystem"] | None = None
+    pauseMode: Literal["full", "filesystem"] = "full"
 
 
 class ApiError(BaseModel):
