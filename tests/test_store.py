@@ -256,6 +256,7 @@ def test_metrics_are_kept_an_hour_and_go_with_their_session(store: Store) -> Non
     assert rows.between(session.id, utc_now(30), None) == kept[1:]
     assert rows.between(session.id, None, utc_now(30)) == kept[:1]
     assert rows.between("s-gone000000", None, None) == []  # no session, no rows
+    assert rows.latest() == {session.id: kept[-1]}  # what `show` and the page say
     store.delete_session(session.id)
     assert rows.between(session.id, None, None) == []
 

@@ -22,7 +22,7 @@ from forkpoint.cli._run import (
     spinner,
 )
 from forkpoint.cli._run import styled_state as _state
-from forkpoint.cli.core import get_session, list_sessions
+from forkpoint.cli.core import list_sessions, queries
 from forkpoint.cli.options import (
     AllowNetOption,
     CpusOption,
@@ -35,10 +35,10 @@ from forkpoint.cli.options import (
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
 from forkpoint.errors import InvalidInput
-from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Expiry
+from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Expiry, SessionState
 
 if TYPE_CHECKING:
-    from forkpoint.models import Limits, Port, Session
+    from forkpoint.models import Limits, Metric, Port, Session
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -161,14 +161,16 @@ def show_command(
 ) -> None:
     """Show one session."""
 
-    s = get_session(session)
+    with queries() as q:
+        s = q.get(session)
+        use = q.latest_metrics().get(s.id) if s.state == SessionState.RUNNING else None
     if as_json:
         emit_json(s)
         return
     rows = [
         ("id", s.id),
         ("name", escape(s.name or "-")),
-        ("state", _state(s.state)),
+        ("state", _state(s.state) + (" (paused, its disk only)" if s.paused_on_disk else "")),
         ("image", escape(s.image)),
         ("created", f"{s.created_at} ({short_time(s.created_at)} local)"),
         ("from", s.parent_checkpoint or "-"),
@@ -178,11 +180,22 @@ def show_command(
         ("disk", f"{_virtual(s.disk_mib)}, {format_bytes(s.disk_bytes)} used on the host"),
         ("expires", _expiry(s.expires_at) or "never"),
     ]
+    if use is not None:  # sampled while a long-lived door runs (`forkpoint metrics`)
+        rows.append(("use", _use(use)))
     for key, value in rows:
         console.print(f"[bold]{key:<8}[/] {value}", highlight=False)
     if s.ports:
         console.print("[bold]ports[/]", highlight=False)
         print_ports(s)
+
+
+def _use(m: Metric) -> str:
+    mib = 1 << 20
+    return (
+        f"cpu {m.cpu_used_pct:.1f}% of {m.cpu_count}, memory {m.mem_used // mib}/"
+        f"{m.mem_total // mib} MiB, disk {m.disk_used // mib}/{m.disk_total // mib} MiB "
+        f"(at {short_time(m.at)})"
+    )
 
 
 def _limits(limits: Limits | None) -> str:

@@ -137,7 +137,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             response.headers["x-next-token"] = str(start + limit)
         return [_listed(sandboxes, s) for s in page]
 
-    @router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
+    @router.get(
+        "/sandboxes/{sandbox_id}", response_model=SandboxDetail, response_model_exclude_none=True
+    )
     async def info(sandbox_id: str) -> SandboxDetail:
         sandbox = await asyncio.to_thread(sandboxes.get, sandbox_id)
         r, deny = sandbox.record, sandbox.session.egress.get("deny", [])

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError, NotFound
-from forkpoint.models import Checkpoint, CheckpointKind, Network, Session, SessionState
+from forkpoint.models import Checkpoint, CheckpointKind, Metric, Network, Session, SessionState
 from forkpoint.runtime.models import checkpoint_of, session_of
 from forkpoint.runtime.usage import checkpoint_disk_bytes, session_disk_bytes
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
@@ -121,6 +121,12 @@ class Queries:
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         return self.checkpoint_of(self.store.get_checkpoint(checkpoint))
+
+    def latest_metrics(self) -> dict[str, Metric]:
+        """Each session's last metrics sample (taken while a long-lived door runs), by id."""
+        from forkpoint.store.metrics import MetricsStore
+
+        return MetricsStore(self.store).latest()
 
     def list_checkpoints(
         self, session: str | None = None, *, kinds: Sequence[CheckpointKind] = LISTED_KINDS

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkpoint.errors import NotFound
-from forkpoint.models import to_json_data
+from forkpoint.models import SessionState, to_json_data
 from forkpoint.runtime import Runtime
 
 from .middleware import send_error
@@ -32,6 +32,7 @@ from .ui_page import PAGE
 __all__ = ["UiLogin", "ui_router"]
 
 _COOKIE = "forkpoint_ui"
+_EVENTS_SHOWN = 12
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -44,7 +45,8 @@ def ui_router(runtime: Runtime) -> APIRouter:
 
     @r.get("/state")
     async def state() -> dict[str, Any]:
-        """Sessions (with their disk use), checkpoints and history labels, for the page."""
+        """Sessions (with their disk use and last metrics), checkpoints, history labels and
+        the latest events, for the page."""
         return await asyncio.to_thread(_state, runtime)
 
     @r.get("/screenshot")
@@ -69,14 +71,20 @@ def ui_router(runtime: Runtime) -> APIRouter:
 
 def _state(runtime: Runtime) -> dict[str, Any]:
     sessions = []
+    metrics = runtime.latest_metrics()
     for session in runtime.list_sessions():
         if session.id in runtime.scratch_sessions:
             continue  # a fork made to compute a diff, removed in a moment
         data = to_json_data(session)
         data["disk_bytes"] = runtime.disk_bytes(session.id)
+        running = session.state == SessionState.RUNNING
+        data["metric"] = to_json_data(metrics.get(session.id)) if running else None
         sessions.append(data)
     checkpoints = [to_json_data(c) for c in runtime.list_checkpoints()]
-    return {"sessions": sessions, "checkpoints": checkpoints, "steps": runtime.step_labels()}
+    return {
+        "sessions": sessions, "checkpoints": checkpoints, "steps": runtime.step_labels(),
+        "events": to_json_data(runtime.recent_events(_EVENTS_SHOWN)),
+    }  # fmt: skip
 
 
 class UiLogin:

@@ -47,6 +47,8 @@ PAGE = r"""<!doctype html>
   .preview { border: 2px solid #d68a00; border-radius: 6px; padding: .4rem .7rem;
              margin: .5rem 0; background: #fffaf0; }
   img.thumb { max-width: 100%; border: 1px solid #d8dce3; margin-top: .4rem; }
+  ol.events { list-style: none; margin: 0; padding: 0; font-size: .85rem; }
+  ol.events .when { color: #5b6475; font-variant-numeric: tabular-nums; }
 </style>
 </head>
 <body>
@@ -56,9 +58,13 @@ PAGE = r"""<!doctype html>
     <section aria-labelledby="sessions-h">
       <h2 id="sessions-h">Sessions</h2>
       <table>
-        <thead><tr><th>session</th><th>state</th><th>memory</th><th>disk</th><th>ports</th></tr></thead>
+        <thead><tr><th>session</th><th>state</th><th>cpu</th><th>memory</th><th>disk</th><th>ports</th></tr></thead>
         <tbody id="sessions"></tbody>
       </table>
+    </section>
+    <section aria-labelledby="events-h" style="margin-top:1rem">
+      <h2 id="events-h">Events</h2>
+      <ol class="events" id="events" aria-label="latest events, newest first"></ol>
     </section>
     <section aria-labelledby="tree-h" style="margin-top:1rem">
       <h2 id="tree-h">Lineage</h2>
@@ -159,17 +165,25 @@ function renderTree() {
 }
 
 function renderSessions() {
+  // cpu and memory in use: the last sample (every 5 s while this server runs)
   $("sessions").replaceChildren(...state.sessions.map((s) => el("tr", {},
     el("td", {}, (s.name ? s.name + " " : "") + s.id),
-    el("td", {}, s.state),
-    el("td", {}, s.memory_mib + " MiB"),
+    el("td", {}, s.state + (s.paused_on_disk ? " (disk only)" : "")),
+    el("td", {}, s.metric ? s.metric.cpu_used_pct.toFixed(1) + "%" : "–"),
+    el("td", {}, (s.metric ? size(s.metric.mem_used) + " / " : "") + s.memory_mib + " MiB"),
     el("td", {}, size(s.disk_bytes)),
     el("td", {}, ...s.ports.map((p) => el("a", {href: p.url, target: "_blank", rel: "noopener"},
       p.guest_port + "→" + p.host_port + " "))))));
 }
 
+function renderEvents() {
+  $("events").replaceChildren(...state.events.slice().reverse().map((e) => el("li", {},
+    el("span", {class: "when"}, e.at.slice(11, 19)), " ", el("b", {}, e.kind.replace("_", " ")),
+    " " + e.session + (e.checkpoint ? " ← " + e.checkpoint : ""))));
+}
+
 function render() {
-  renderSessions(); renderTree();
+  renderSessions(); renderTree(); renderEvents();
   if (selected && !(state.sessions.some((s) => s.id === selected) ||
                     state.checkpoints.some((c) => c.id === selected))) {
     selected = null; $("detail").replaceChildren(el("p", {}, "It is gone."));

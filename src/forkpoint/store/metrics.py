@@ -38,6 +38,15 @@ class MetricsStore:
                 )  # fmt: skip
             conn.execute("DELETE FROM metrics WHERE at < ?", (utc_now(KEEP_S),))
 
+    def latest(self) -> dict[str, Metric]:
+        """Each session's last sample, by session id."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                f"SELECT session_id, {_COLUMNS} FROM metrics JOIN (SELECT session_id, "
+                "max(at) AS at FROM metrics GROUP BY session_id) USING (session_id, at)"
+            ).fetchall()
+        return {row[0]: Metric(*row[1:]) for row in rows}
+
     def between(self, session_id: str, start: str | None, end: str | None) -> list[Metric]:
         """A session's samples taken from ``start`` to ``end`` (both included; None: no
         bound), oldest first."""
