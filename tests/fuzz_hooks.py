@@ -10,9 +10,10 @@ the hooks can see (and pushes are pointed at the test's S3 server, see ``map_bod
 A session created (or given) a ``timeout_s`` is removed when it expires, as asked; a 404
 for it afterwards is not ``ensure_resource_availability``'s "created resource not found".
 
-A watcher's events are a long poll: asked to ``wait`` up to N s for a change, it answers
-after N s when nothing changed. Past the fuzzer's response-time limit but within its own
-``wait`` (plus a second), that is the answer asked for, not a slow one.
+A watcher's events and the sessions' events are long polls: asked to ``wait`` up to N s
+for a change, one answers after N s when nothing changed. Past the fuzzer's response-time
+limit but within its own ``wait`` (plus a second), that is the answer asked for, not a
+slow one.
 
 ``use_after_free`` knows a resource by its URL path, but a guest file is named by the
 ``?path=`` query: removing ``/a`` and then reading ``/b`` of the same session looks to it
@@ -66,12 +67,27 @@ def after_call(context: Any, case: Any, response: Any) -> None:
         _expiring.add(session)
 
 
+def _long_poll_wait(case: Any) -> float | None:
+    """The ``wait`` a long poll asked for: a watcher's events (in the body) or the
+    sessions' events (in the query string); None for anything else."""
+    if str(case.path).endswith("/watchers/{watcher_id}/events"):
+        wait = case.body.get("wait") if isinstance(case.body, dict) else None
+    elif str(case.path).endswith("/events"):  # GET /v1/events
+        wait = (case.query or {}).get("wait")
+    else:
+        return None
+    try:
+        return float(wait) if wait is not None and not isinstance(wait, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
     code = getattr(failure, "code", None)
-    if code == "ST112" and str(case.path).endswith("/watchers/{watcher_id}/events"):
-        wait = case.body.get("wait") if isinstance(case.body, dict) else None
-        return not (isinstance(wait, int | float) and failure.elapsed <= wait + 1)
+    if code == "ST112" and _long_poll_wait(case) is not None:
+        wait = _long_poll_wait(case)
+        return not (wait is not None and failure.elapsed <= wait + 1)
     if code == "ST302":
         return (case.path_parameters or {}).get("session_id") not in _expiring
     if code != "ST301" or not str(failure.free).endswith("/files"):

@@ -190,7 +190,9 @@ def _serve(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
 
 
 def _remove_sessions_directly(fuzz_home: Path) -> None:
-    """Whatever a failed run left (VMs burn CPU): removed through the runtime."""
+    """Whatever a failed run left (VMs burn CPU), and the warm VMs the server started
+    ahead (they outlive it by design; here, under the test home, they would be strays to
+    the next test that checks the home's processes): removed through the runtime."""
     import asyncio
 
     from forkpoint.errors import ForkpointError
@@ -198,6 +200,7 @@ def _remove_sessions_directly(fuzz_home: Path) -> None:
 
     runtime = Runtime.open(Home(fuzz_home))
     try:
+        runtime.warm.drain()
         for session in runtime.list_sessions():
             try:
                 asyncio.run(runtime.remove(session.id))

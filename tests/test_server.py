@@ -163,6 +163,27 @@ def test_unknown_ids_are_404_with_error_shape(unix_server: Served) -> None:
     assert c.get("/v1/sessions").json() == []
 
 
+def test_events_take_their_query_string_and_wait_for_the_next(unix_server: Served) -> None:
+    c = unix_server.client
+    events = c.get("/v1/events", params={"after": 0, "limit": 1000, "wait": 0}).json()
+    last = events[-1]["id"] if events else 0
+    started = time.monotonic()
+    assert c.get("/v1/events", params={"after": last, "wait": "0.5"}).json() == []
+    assert time.monotonic() - started >= 0.5  # a long poll: it waited for one
+    for bad in ({"after": "-1"}, {"limit": "0"}, {"wait": "61"}, {"session": "bad name!"}):
+        answer = c.get("/v1/events", params=bad)
+        assert answer.status_code == 422, (bad, answer.text)
+        assert "\n" not in _error(answer)["message"]
+
+
+def test_a_bodyless_post_takes_the_defaults_and_a_wrong_body_is_refused(
+    unix_server: Served,
+) -> None:
+    c = unix_server.client
+    assert c.post("/v1/sessions/s-0000000000/pause").status_code == 404  # no body: defaults
+    assert c.post("/v1/sessions/s-0000000000/pause", json={"keep_memory": "no"}).status_code == 422
+
+
 def test_malformed_json_is_4xx(unix_server: Served) -> None:
     response = unix_server.client.post(
         "/v1/sessions", content=b'{"image": ', headers={"content-type": "application/json"}
@@ -349,8 +370,10 @@ def test_schemathesis_finds_no_5xx(tcp_server: Served) -> None:
         assert isinstance(result, Ok), result
         operation = result.ok()
         operations += 1
-        if operation.label == "GET /v1/events/stream":
-            continue  # it streams for as long as the client listens (tests/test_lifetime.py)
+        if operation.label in ("GET /v1/events/stream", "GET /v1/events"):
+            # a stream for as long as the client listens, and a long poll of up to 60 s:
+            # test_api_fuzz.py fuzzes the latter with a timeout above its longest wait
+            continue
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
 
             @settings(

@@ -482,10 +482,11 @@ class EventsRequest(_Request):
     """The events after event ``after`` (of one ``session``, if given), at most ``limit``;
     with none yet, wait up to ``wait`` seconds for the first."""
 
-    after: Annotated[int, Field(ge=0), _JSON_INTEGER] = 0
+    # A query string: its values arrive as text, so numbers are read from it (not strict).
+    after: Annotated[int, Field(ge=0)] = 0
     session: Ref | None = None
-    wait: Annotated[Number, Field(ge=0, le=60)] = 0.0
-    limit: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 100
+    wait: Annotated[float, Field(ge=0, le=60)] = 0.0
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100
 
 
 class UndoRequest(_Request):

@@ -508,7 +508,7 @@ class AsyncSandbox:
     ) -> list[Metric]:
         """CPU, memory and disk samples from ``start`` to ``end`` (None: unbounded),
         oldest first: taken every 5 s while a long-lived door (``forkpoint serve``) runs,
-        kept an hour. :raises InvalidInput: start after end."""
+        kept an hour."""
         return await self._client.metrics(self.id, start, end)
 
     async def history(self) -> list[HistoryStep]:

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from forkpoint.errors import Conflict, ForkpointError, NotFound
+from forkpoint.errors import AgentError, Conflict, ForkpointError, NotFound
 from forkpoint.models import FileEvent, Watcher
 from forkpoint.runtime.guest.watch import DirWatch
 
@@ -81,6 +81,9 @@ class Watchers:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(min(wait, MAX_WAIT_S)):
                             events = await held.watch.pending(wait=True)
+            except AgentError:  # its connection is gone (a rollback, a stop): it has ended
+                events = []
+                held.watch.ended = True
             except ForkpointError:
                 await self._drop(held)
                 raise
