@@ -4,11 +4,15 @@ Every other generated create keeps a short history (``history``, ``history_keep`
 checkpoints) unless the fuzzer chose itself: a link can carry an id, not a body field, so
 this is how ``history`` and ``undo`` meet sessions that have steps.
 
-Three failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
-the hooks can see (and pushes are pointed at the test's S3 server, see ``map_body``):
+Four failures that are the fuzzer's model, not the API, are dropped — each as narrowly as
+the hooks can see (pushes are pointed at the test's S3 server, see ``map_body``, and the
+sessions' events' waits are cut short, see ``map_query``):
 
 A session created (or given) a ``timeout_s`` is removed when it expires, as asked; a 404
 for it afterwards is not ``ensure_resource_availability``'s "created resource not found".
+
+A watcher made on a random path answers 404 for the missing directory, which the
+stateful check reads as the session it was linked from having vanished (ST302).
 
 A watcher's events and the sessions' events are long polls: asked to ``wait`` up to N s
 for a change, one answers after N s when nothing changed. Past the fuzzer's response-time
@@ -83,17 +87,39 @@ def _long_poll_wait(case: Any) -> float | None:
 
 
 @schemathesis.hook
+def map_query(context: Any, query: Any) -> Any:
+    """Valid waits of the sessions' events are cut to at most 1 s: with nothing happening,
+    a long poll answers after its ``wait``, and fuzzed waits of up to 60 s spent the run's
+    time budget before it reached the other operations. Invalid ones stay, for the checks."""
+    operation = getattr(context, "operation", None)
+    if str(getattr(operation, "path", "")).endswith("/events") and isinstance(query, dict):
+        wait = query.get("wait")
+        if isinstance(wait, int | float) and not isinstance(wait, bool) and 0 <= wait <= 60:
+            return {**query, "wait": min(wait, 1)}
+    return query
+
+
+@schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
     code = getattr(failure, "code", None)
     if code == "ST112" and _long_poll_wait(case) is not None:
         wait = _long_poll_wait(case)
         return not (wait is not None and failure.elapsed <= wait + 1)
     if code == "ST302":
+        if _missing_guest_path(case, response):
+            return False  # the 404 names the watched directory, not the session
         return (case.path_parameters or {}).get("session_id") not in _expiring
     if code != "ST301" or not str(failure.free).endswith("/files"):
         return True
     removed = _removed.get(str(failure.deleted_case_id))
     return removed is None or removed == _guest_path(case)
+
+
+def _missing_guest_path(case: Any, response: Any) -> bool:
+    """A watcher asked for a directory the guest lacks (a 404 of the path, not the id)."""
+    if not str(case.path).endswith("/watchers") or getattr(response, "status_code", 0) != 404:
+        return False
+    return "no such file or directory" in str(getattr(response, "text", ""))
 
 
 @schemathesis.hook
