@@ -379,14 +379,6 @@ def test_a_terminal_file_metadata_and_a_watcher_over_the_rest_api(api: str, vm_r
             watcher.events()
         with pytest.raises(NotFound):
             sb.files.watch("/no/such/dir")
-        # a rollback ends a watcher (it lives on the VM's agent connection): its last
-        # answer is empty, then it is gone
-        checkpoint = sb.checkpoint()
-        rolled = sb.files.watch("/srv")
-        sb.rollback(checkpoint)
-        assert rolled.events() == []
-        with pytest.raises(NotFound, match="ended"):
-            rolled.events()
         with pytest.raises(InvalidInput, match="not a directory"):
             sb.files.watch("/etc/hostname")
         sb.files.write("/srv/m.txt", "x", metadata={"Author": "mish"})

@@ -95,11 +95,10 @@ def test_page_checkpoint_fork_diff_and_rollback(login_url: str) -> None:
                 f'li.checkpoint:has(> button.node[data-id="{checkpoint_id}"]) > ul > li.session'
             )
             expect(forks).to_have_count(2, timeout=120_000)
-            # What happened, newest first; and what the sessions use, sampled every 5 s.
+            # What happened, newest first.
             events = page.locator("#events")
             expect(events.locator("li").first).to_contain_text("forked")
             expect(events).to_contain_text(f"checkpointed {sid} ← {checkpoint_id}")
-            expect(page.locator("#sessions")).to_contain_text("%", timeout=30_000)
 
             # A change after the checkpoint shows in the session's diff.
             cli("exec", sid, "--", "sh", "-c", "rm /root/hello.txt")
