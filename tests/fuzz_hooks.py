@@ -102,9 +102,8 @@ def map_query(context: Any, query: Any) -> Any:
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
     code = getattr(failure, "code", None)
-    if code == "ST112" and _long_poll_wait(case) is not None:
-        wait = _long_poll_wait(case)
-        return not (wait is not None and failure.elapsed <= wait + 1)
+    if code == "ST112" and (wait := _long_poll_wait(case)) is not None:
+        return not failure.elapsed <= wait + 1
     if code == "ST302":
         if _missing_guest_path(case, response):
             return False  # the 404 names the watched directory, not the session

@@ -657,10 +657,7 @@ def _session_links(session_id: str) -> dict[str, Any]:
         }
         for target, extra in _SESSION_TARGETS.items()
     }
-    # A directory every guest has, as is: a fuzzed path would be a missing directory's 404,
-    # which a stateful fuzzer reads as "the session just created is gone".
-    links["CreateWatcher"]["requestBody"] = {"path": "/tmp"}
-    links["CreateWatcher"]["x-schemathesis"] = {"merge_body": False}
+    links["CreateWatcher"]["requestBody"] = {"path": "/tmp"}  # a directory every guest has
     links["ListCheckpoints"] = {
         "operationId": "list_checkpoints",
         "parameters": {"session": session_id},
