@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from forkpoint.cli import mirror
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def _progress_reporter() -> Iterator[ProgressFn]:
 def register(app: typer.Typer) -> None:
     image_app = typer.Typer(help="Build and list guest images.", no_args_is_help=True)
     app.add_typer(image_app, name="image")
+    mirror.register(image_app)
 
     @image_app.command("build")
     @reports_errors

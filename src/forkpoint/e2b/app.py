@@ -18,6 +18,7 @@ from .control import api_error, control_router
 from .envd import envd_router
 from .port_router import SandboxPortRouter
 from .sandboxes import Sandboxes
+from .template_routes import template_router, upload_router
 
 __all__ = ["create_e2b_app"]
 
@@ -33,6 +34,10 @@ def create_e2b_app(sandboxes: Sandboxes, api_key: Callable[[], str]) -> FastAPI:
 
     app = FastAPI(title="forkpoint E2B gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])
+    app.include_router(
+        template_router(sandboxes.templates, api_key), dependencies=[Depends(require_key)]
+    )
+    app.include_router(upload_router(sandboxes.templates, api_key))
     app.include_router(envd_router(sandboxes))
     app.add_middleware(SandboxPortRouter, sandboxes=sandboxes)
 

@@ -226,7 +226,11 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.delete("/templates/{snapshot_id}", status_code=204)
     async def delete_snapshot(snapshot_id: str) -> Response:
-        await sandboxes.delete_snapshot(snapshot_id)
+        """A template built from code, else a snapshot (E2B lists both as templates)."""
+        if await asyncio.to_thread(sandboxes.templates.store.template_id, snapshot_id):
+            await sandboxes.templates.delete(snapshot_id)
+        else:
+            await sandboxes.delete_snapshot(snapshot_id)
         return Response(status_code=204)
 
     @router.get("/sandboxes/{sandbox_id}/metrics")

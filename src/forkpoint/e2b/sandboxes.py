@@ -39,6 +39,7 @@ from forkpoint.runtime import Runtime
 from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
 
 from .network import Egress
+from .template_builds import TemplateBuilds
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -128,6 +129,7 @@ class Sandboxes:
         self.runtime = runtime
         self.config = config
         self.records = E2bStore(runtime.store)
+        self.templates = TemplateBuilds(runtime, config.memory_mib, config.cpus)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -187,7 +189,9 @@ class Sandboxes:
         :raises NotFound: no image, checkpoint or snapshot of that name.
         """
         name = spec.template or DEFAULT_TEMPLATE
-        checkpoint = await asyncio.to_thread(self._checkpoint, name)
+        built = await asyncio.to_thread(self.templates.store.resolve, name)
+        image = built.image_hash if built is not None and built.image_hash else name
+        checkpoint = None if built else await asyncio.to_thread(self._checkpoint, name)
         admission = self.runtime.admission
         on_expiry = Expiry.PAUSE if spec.auto_pause else Expiry.REMOVE
         egress, network = spec.egress, Network.USER
@@ -209,7 +213,7 @@ class Sandboxes:
             try:
                 with await admission.create():
                     session = await self.runtime.create(
-                        image=name, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
+                        image=image, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
                         network=network, allow_net=egress.allow, deny_net=egress.deny,
                         timeout_s=self._timeout(spec.timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip

@@ -221,12 +221,15 @@ def build_oci_image(
     build_args: dict[str, str] | None = None,
     ref: str | None = None,
     start: bool = True,
+    no_cache: bool = False,
     progress: Progress | None = None,
 ) -> Image:
     """An image from a Dockerfile (built with podman) or an existing OCI image ``ref``
     (see :func:`forkpoint.images.oci.resolve_ref`); cached by the image's content.
 
-    ``start``: run its ``ENTRYPOINT``/``CMD`` in the background when the template boots.
+    ``start``: run its ``ENTRYPOINT``/``CMD`` in the background when the template boots
+    (after its ready check, the ``dev.forkpoint.ready-cmd`` label, passes).
+    ``no_cache``: podman runs every step again.
     :raises InvalidInput: neither or both sources, a bad path or build argument.
     :raises UnusableImage: the image lacks a shell or a libc (nothing cached).
     :raises ImageBuildError: podman, skopeo or umoci failed.
@@ -239,7 +242,12 @@ def build_oci_image(
     if dockerfile is not None:
         report("source", f"podman build {dockerfile}")
         source = build_dockerfile(
-            name, dockerfile, context, build_args, log=lambda line: report("source", line)
+            name,
+            dockerfile,
+            context,
+            build_args,
+            log=lambda line: report("source", line),
+            no_cache=no_cache,
         )
     else:
         assert ref is not None

@@ -33,12 +33,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from forkpoint.errors import ImageBuildError, InvalidInput, NotFound, UnusableImage
+from forkpoint.images.mirror import registries_env
 from forkpoint.images.tmpdirs import remove_tree
 
 __all__ = [
     "IMAGE_CONFIG_PATH",
     "OCI_FORMAT",
     "ImageConfig",
+    "READY_LABEL",
     "OciSource",
     "build_dockerfile",
     "check_guest",
@@ -52,6 +54,9 @@ __all__ = [
 OCI_FORMAT: Final = 1
 #: Where the image's ENV/WORKDIR/USER/start command land in the guest (the agent reads it).
 IMAGE_CONFIG_PATH: Final = "opt/forkpoint/image.json"
+#: An image label: the shell command that says its service is ready (``LABEL`` in a
+#: Dockerfile); the template boot waits for it before the checkpoint.
+READY_LABEL: Final = "dev.forkpoint.ready-cmd"
 
 _X86_64: Final = 62  # ELF e_machine
 _ELF_MACHINES: Final = {3: "i386", 40: "arm", 183: "aarch64", 243: "riscv64", 62: "x86-64"}
@@ -63,13 +68,15 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ImageConfig:
-    """What of the OCI image config forkpoint uses: the defaults of commands in the guest
-    and the command to start (``ENTRYPOINT`` + ``CMD``)."""
+    """What of the OCI image config forkpoint uses: the defaults of commands in the guest,
+    the command to start (``ENTRYPOINT`` + ``CMD``) and its ready check (the label
+    :data:`READY_LABEL`: a shell command the template boot runs until it exits 0)."""
 
     env: dict[str, str]
     cwd: str | None
     user: str | None
     start: list[str]
+    ready: str | None = None
 
     @classmethod
     def from_oci(cls, config: Mapping[str, Any]) -> ImageConfig:
@@ -86,10 +93,12 @@ class ImageConfig:
             cwd=str(inner["WorkingDir"]) if inner.get("WorkingDir") else None,
             user=str(inner["User"]) if inner.get("User") else None,
             start=start,
+            ready=(inner.get("Labels") or {}).get(READY_LABEL) or None,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"env": self.env, "cwd": self.cwd, "user": self.user, "start": self.start}
+        data = {"env": self.env, "cwd": self.cwd, "user": self.user, "start": self.start}
+        return data | ({"ready": self.ready} if self.ready else {})
 
 
 @dataclass(frozen=True)
@@ -121,13 +130,16 @@ def _require(tool: str, package: str) -> str:
     return path
 
 
-def _run(argv: list[str], what: str, log: Log | None = None) -> str:
-    """Run ``argv``; its output line by line to ``log``; raises ImageBuildError naming the
-    last line on failure. Returns the output."""
+def _run(
+    argv: list[str], what: str, log: Log | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """Run ``argv`` (with ``env`` added to ours); its output line by line to ``log``; raises
+    ImageBuildError naming the last line on failure. Returns the output."""
     tail: collections.deque[str] = collections.deque(maxlen=60)
     lines: list[str] = []
     with subprocess.Popen(
         argv,
+        env={**os.environ, **env} if env else None,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -171,9 +183,13 @@ def build_dockerfile(
     context: Path | None = None,
     build_args: Mapping[str, str] | None = None,
     log: Log | None = None,
+    *,
+    no_cache: bool = False,
 ) -> OciSource:
     """``podman build`` the Dockerfile (tagged ``localhost/forkpoint/<name>``; podman's layer
-    cache makes an unchanged rebuild take seconds) and return the result as a source.
+    cache makes an unchanged rebuild take seconds, unless ``no_cache``) and return the
+    result as a source. Images it names are pulled through the registry mirror if one is
+    set up (:mod:`forkpoint.images.mirror`).
 
     ``context`` defaults to the Dockerfile's directory.
     :raises InvalidInput: no such Dockerfile or context directory.
@@ -191,9 +207,10 @@ def build_dockerfile(
         argv += _host_ulimits()
         argv += ["--iidfile", str(iidfile), "-f", str(dockerfile.resolve())]
         argv += ["-t", f"localhost/forkpoint/{name.lower()}:latest"]
+        argv += ["--no-cache"] if no_cache else []
         for key, value in (build_args or {}).items():
             argv += ["--build-arg", f"{key}={value}"]
-        _run([*argv, str(context.resolve())], "podman build", log)
+        _run([*argv, str(context.resolve())], "podman build", log, env=registries_env())
         image_id = iidfile.read_text().strip()
     source = _inspect("containers-storage:" + image_id.removeprefix("sha256:"))
     return OciSource("dockerfile", str(dockerfile), source.transport, source.digest)

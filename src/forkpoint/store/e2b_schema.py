@@ -8,6 +8,7 @@ __all__ = [
     "migrate_e2b",
     "migrate_e2b_host_mask",
     "migrate_e2b_onto_sessions",
+    "migrate_e2b_templates",
     "migrate_e2b_traffic_and_resume",
 ]
 
@@ -91,3 +92,39 @@ def migrate_e2b_host_mask(conn: sqlite3.Connection) -> None:
     """Schema v12: the Host header requests to a sandbox's ports arrive with
     (``host_mask``, E2B's ``maskRequestHost``; NULL: as the client sent it)."""
     conn.execute("ALTER TABLE e2b_sandboxes ADD COLUMN host_mask TEXT")
+
+
+def migrate_e2b_templates(conn: sqlite3.Connection) -> None:
+    """Schema v15: templates built from code (E2B's template builder): a template is a name;
+    each build of it becomes a forkpoint image (``image_hash``, and ``oci_id``: its podman
+    image, the base of a template built ``from_template`` it); tags name builds."""
+    conn.execute(
+        """CREATE TABLE e2b_templates (
+            template_id TEXT PRIMARY KEY,
+            name        TEXT NOT NULL UNIQUE,
+            created_at  REAL NOT NULL
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE e2b_template_builds (
+            build_id    TEXT PRIMARY KEY,
+            template_id TEXT NOT NULL REFERENCES e2b_templates(template_id) ON DELETE CASCADE,
+            status      TEXT NOT NULL
+                        CHECK (status IN ('waiting', 'building', 'ready', 'error')),
+            tags        TEXT NOT NULL DEFAULT '[]',
+            image_hash  TEXT,
+            oci_id      TEXT,
+            reason      TEXT,
+            step        TEXT,
+            created_at  REAL NOT NULL
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE e2b_template_tags (
+            template_id TEXT NOT NULL REFERENCES e2b_templates(template_id) ON DELETE CASCADE,
+            tag         TEXT NOT NULL,
+            build_id    TEXT NOT NULL REFERENCES e2b_template_builds(build_id) ON DELETE CASCADE,
+            created_at  REAL NOT NULL,
+            PRIMARY KEY (template_id, tag)
+        )"""
+    )

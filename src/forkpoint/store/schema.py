@@ -23,6 +23,7 @@ from .e2b_schema import (
     migrate_e2b,
     migrate_e2b_host_mask,
     migrate_e2b_onto_sessions,
+    migrate_e2b_templates,
     migrate_e2b_traffic_and_resume,
 )
 
@@ -299,6 +300,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     migrate_e2b_host_mask,
     _v13_events,
     _v14_filesystem_pause,
+    migrate_e2b_templates,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
