@@ -35,7 +35,8 @@ def create_e2b_app(sandboxes: Sandboxes, api_key: Callable[[], str]) -> FastAPI:
     app = FastAPI(title="forkpoint E2B gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])
     app.include_router(
-        template_router(sandboxes.templates, api_key), dependencies=[Depends(require_key)]
+        template_router(sandboxes.templates, api_key, sandboxes.config.envd_version),
+        dependencies=[Depends(require_key)],
     )
     app.include_router(upload_router(sandboxes.templates, api_key))
     app.include_router(envd_router(sandboxes))

@@ -31,6 +31,7 @@ from forkpoint.runtime import Runtime
 from forkpoint.store.e2b_templates import E2bTemplatesStore, TemplateBuildRecord
 
 from .template_dockerfile import BASE_STEP, FINALIZE_STEP, TemplateSpec, to_dockerfile
+from .template_files import stage_copy
 
 __all__ = ["LogLine", "TemplateBuilds", "split_name"]
 
@@ -187,9 +188,9 @@ class TemplateBuilds:
     ) -> tuple[str, str]:
         with tempfile.TemporaryDirectory(prefix="forkpoint-template-") as scratch:
             context = Path(scratch)
-            copy_dirs = await asyncio.to_thread(self._unpack_uploads, spec, context)
+            copies = await asyncio.to_thread(self._stage_copies, spec, context)
             base = await asyncio.to_thread(self._base, spec, report)
-            plan = to_dockerfile(spec, base, copy_dirs)
+            plan = to_dockerfile(spec, base, copies)
             steps.names = plan.steps
             dockerfile = context / "Dockerfile"
             dockerfile.write_text(plan.text)
@@ -201,23 +202,33 @@ class TemplateBuilds:
             )  # fmt: skip
         return image.hash, image.source.get("digest", "")
 
-    def _unpack_uploads(self, spec: TemplateSpec, context: Path) -> dict[str, str]:
-        dirs: dict[str, str] = {}
-        for step in spec.steps:
-            if step.type != "COPY" or step.filesHash is None or step.filesHash in dirs:
+    def _stage_copies(self, spec: TemplateSpec, context: Path) -> dict[int, tuple[str, str]]:
+        """Each ``COPY`` step's files as a tar in ``context`` and where it unpacks."""
+        copies: dict[int, tuple[str, str]] = {}
+        for number, step in enumerate(spec.steps, start=1):
+            if step.type != "COPY":
                 continue
-            path = self._file(step.filesHash)
-            if not path.is_file():
-                raise InvalidInput(f"files {step.filesHash} were not uploaded")
-            target = context / "files" / step.filesHash
-            target.mkdir(parents=True)
-            try:
-                with tarfile.open(path, "r:*") as tar:
-                    tar.extractall(target, filter="tar")
-            except (tarfile.TarError, OSError) as error:
-                raise InvalidInput(f"files {step.filesHash}: not a tar archive: {error}") from None
-            dirs[step.filesHash] = f"files/{step.filesHash}"
-        return dirs
+            if len(step.args) < 2 or step.filesHash is None:
+                raise InvalidInput(f"step {number}: COPY needs a source, a target and files")
+            unpacked = context / "uploads" / step.filesHash
+            if not unpacked.is_dir():
+                self._unpack(step.filesHash, unpacked)
+            mode = step.args[3] if len(step.args) > 3 and step.args[3] else None
+            archive = f"copy-{number}.tar"
+            target = stage_copy(unpacked, step.args[0], step.args[1], mode, context / archive)
+            copies[number] = (archive, target)
+        return copies
+
+    def _unpack(self, files_hash: str, target: Path) -> None:
+        path = self._file(files_hash)
+        if not path.is_file():
+            raise InvalidInput(f"files {files_hash} were not uploaded")
+        target.mkdir(parents=True)
+        try:
+            with tarfile.open(path, "r:*") as tar:
+                tar.extractall(target, filter="tar")
+        except (tarfile.TarError, OSError) as error:
+            raise InvalidInput(f"files {files_hash}: not a tar archive: {error}") from None
 
     def _base(self, spec: TemplateSpec, report: Report) -> str:
         """What the Dockerfile starts ``FROM``: an image name (pulled through the mirror if

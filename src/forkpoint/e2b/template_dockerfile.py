@@ -98,11 +98,14 @@ def _json(argv: list[str]) -> str:
     return json.dumps(argv)
 
 
-def to_dockerfile(spec: TemplateSpec, base: str, copy_dirs: dict[str, str]) -> DockerfilePlan:
+def to_dockerfile(
+    spec: TemplateSpec, base: str, copies: dict[int, tuple[str, str]]
+) -> DockerfilePlan:
     """``base``: the image to start from (a name or an image id, already resolved);
-    ``copy_dirs``: each ``COPY`` step's files hash -> its directory in the build context.
+    ``copies``: each ``COPY`` step's number -> (its tar in the build context, the directory
+    to unpack it in) (:func:`~.template_files.stage_copy`).
 
-    :raises InvalidInput: a step with missing arguments or files never uploaded.
+    :raises InvalidInput: a step with missing arguments or files.
     """
     plan = DockerfilePlan()
     plan.add(BASE_STEP, f"FROM {base}")
@@ -125,18 +128,11 @@ def to_dockerfile(spec: TemplateSpec, base: str, copy_dirs: dict[str, str]) -> D
             else:
                 plan.add(name, run)
         elif step.type == "COPY":
-            if len(args) < 2 or step.filesHash is None:
+            if number not in copies:
                 raise InvalidInput(f"step {number}: COPY needs a source, a target and files")
-            if step.filesHash not in copy_dirs:
-                raise InvalidInput(f"step {number}: files {step.filesHash} were not uploaded")
-            src, dest = args[0], args[1]
+            archive, target = copies[number]
             owner = args[2] if len(args) > 2 and args[2] else user
-            mode = args[3] if len(args) > 3 and args[3] else None
-            source = f"{copy_dirs[step.filesHash]}/{src.lstrip('/')}"
-            if any(c in src for c in "*?[") and not dest.endswith("/"):
-                dest += "/"  # several files go into a directory
-            flags = f"--chown={owner}" + (f" --chmod={mode}" if mode else "")
-            plan.add(name, f"COPY {flags} {_json([source, dest])}")
+            plan.add(name, f"ADD --chown={owner} {_json([archive, target])}")
         elif step.type == "ENV":
             if not args or len(args) % 2:
                 raise InvalidInput(f"step {number}: ENV needs name and value pairs")

@@ -68,7 +68,9 @@ def _iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).isoformat().replace("+00:00", "Z")
 
 
-def template_router(builds: TemplateBuilds, api_key: Callable[[], str]) -> APIRouter:
+def template_router(
+    builds: TemplateBuilds, api_key: Callable[[], str], envd_version: str
+) -> APIRouter:
     """The routes that need the API key."""
     router = APIRouter()
 
@@ -112,6 +114,32 @@ def template_router(builds: TemplateBuilds, api_key: Callable[[], str]) -> APIRo
                 {"step": build.step} if build.step else {}
             )
         return answer
+
+    @router.get("/templates")
+    async def list_templates() -> list[dict[str, object]]:
+        """The templates built from code, each with its newest build."""
+        latest = await asyncio.to_thread(builds.store.latest_builds)
+        return [
+            {
+                "templateID": b.template_id,
+                "buildID": b.build_id,
+                "buildStatus": b.status,
+                "names": [b.name],
+                "aliases": [b.name],
+                "public": False,
+                "cpuCount": builds.cpus,
+                "memoryMB": builds.memory_mib,
+                "diskSizeMB": 0,
+                "createdAt": _iso(b.created_at),
+                "updatedAt": _iso(b.created_at),
+                "createdBy": None,
+                "lastSpawnedAt": None,
+                "spawnCount": 0,
+                "buildCount": 1,
+                "envdVersion": envd_version,
+            }  # fmt: skip
+            for b in latest
+        ]
 
     @router.get("/templates/aliases/{alias}")
     async def alias(alias: str) -> dict[str, object]:

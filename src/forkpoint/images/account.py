@@ -7,6 +7,7 @@ and ``sudo`` works without a password. Written straight into the root filesystem
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Final
@@ -55,11 +56,11 @@ def add_guest_user(tree: Path) -> list[str]:
     skel = etc / "skel"
     if skel.is_dir():
         for item in skel.iterdir():
-            if item.is_file() and not (home / item.name).exists():
+            if item.is_file() and not item.is_symlink() and not (home / item.name).exists():
                 shutil.copyfile(item, home / item.name)
     home.chmod(0o750)
     for path in [home, *home.rglob("*")]:
-        shutil.chown(path, uid, gid)
+        os.chown(path, uid, gid, follow_symlinks=False)  # a link's target is not the home's
     return [
         *(f"/etc/{f}" for f in ("passwd", "group", "shadow", "gshadow", f"sudoers.d/{name}")),
         GUEST_HOME,

@@ -431,6 +431,33 @@ def write_image_config(tree: Path, config: ImageConfig, start: bool) -> None:
     dest.chmod(0o644)
 
 
+#: Where forkpoint writes into an image's tree (every directory on the way too).
+_WRITTEN_PATHS: Final = (
+    "etc/passwd", "etc/group", "etc/shadow", "etc/gshadow", "etc/sudoers.d/user", "etc/skel",
+    "etc/hostname", "etc/hosts", "etc/profile", "home/user", IMAGE_CONFIG_PATH,
+    "sbin/forkpoint-init", "proc", "sys", "dev", "run", "tmp", "root", "var/log",
+)  # fmt: skip
+
+
+def refuse_links_out(tree: Path, what: str) -> None:
+    """An image's symlinks are the guest's: one on a path forkpoint writes to that leads
+    out of the tree (an absolute target, or ``..`` too far) would have the build write to
+    the host's file.
+
+    :raises UnusableImage: such a link.
+    """
+    root = tree.resolve()
+    for rel in _WRITTEN_PATHS:
+        path = tree
+        for part in PurePosixPath(rel).parts:
+            path = path / part
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise UnusableImage(
+                    f"image {what}: /{path.relative_to(tree)} is a symlink out of the image "
+                    f"({os.readlink(path)}); forkpoint writes its files there"
+                )
+
+
 def prepare_tree(tree: Path) -> None:
     """What container images often lack and a booted guest needs: the directories init
     mounts on, and root in ``/etc/passwd`` and ``/etc/group`` (scratch/busybox images)."""
@@ -467,6 +494,7 @@ def build_oci_rootfs(
         libc = check_guest(tree, source.ref)
         check_user(tree, config.user, source.ref)
         log(f"adding forkpoint's init, agent and Python ({libc} image)")
+        refuse_links_out(tree, source.ref)
         prepare_tree(tree)
         install_guest_files(tree)
         add_guest_user(tree)

@@ -135,6 +135,15 @@ class E2bTemplatesStore:
                 (template_id, tag, build_id, now),
             )
 
+    def latest_builds(self) -> list[TemplateBuildRecord]:
+        """Each template's newest build, oldest template first."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                f"{_BUILD} WHERE b.created_at = (SELECT MAX(created_at) FROM "
+                "e2b_template_builds WHERE template_id = b.template_id) ORDER BY t.created_at"
+            ).fetchall()
+        return [_build(r) for r in rows]
+
     def template_id(self, name_or_id: str) -> str | None:
         with self.store.transaction() as conn:
             row = conn.execute(
