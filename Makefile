@@ -5,9 +5,11 @@ PY := $(VENV)/bin/python
 FP := $(VENV)/bin/forkpoint
 # libnss-myhostname: its postinst adds `myhostname` to the hosts line of /etc/nsswitch.conf,
 # so Python clients resolve E2B's <port>-<id>.localhost hosts to 127.0.0.1 and ::1.
+# docker-registry: `forkpoint image mirror` runs it on 127.0.0.1; the package's own unit
+# (all interfaces) is stopped and disabled where systemd runs it.
 APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium passt \
 	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core \
-	libnss-myhostname nftables podman skopeo umoci
+	libnss-myhostname nftables podman skopeo umoci docker-registry
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
@@ -23,6 +25,9 @@ apt:
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	  if [[ "$$missing" == *docker-registry* ]] && [ -d /run/systemd/system ]; then \
+	    $$SUDO systemctl disable --now docker-registry >/dev/null 2>&1 || true; \
+	  fi; \
 	fi
 
 $(VENV)/.installed: pyproject.toml

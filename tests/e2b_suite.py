@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from e2b_gateway import free_port
 
 EXPECTED = Path(__file__).with_name("e2b_suite_expected.txt")
@@ -60,6 +62,7 @@ def main(argv: list[str]) -> int:
         [*forkpoint, "serve", "--e2b", "--port", str(port), "--proxy-port", str(proxy_port)],
         stdout=subprocess.DEVNULL, stderr=gateway_log,
     )  # fmt: skip
+    stop_mirror = _mirror(forkpoint)
     try:
         env_json = subprocess.run(
             [*forkpoint, "e2b", "env", "--json", "--port", str(port),
@@ -74,9 +77,12 @@ def main(argv: list[str]) -> int:
             cwd=suite, env=env, capture_output=True, text=True,
         )  # fmt: skip
         minutes = (time.monotonic() - started) / 60
+        _delete_templates(env)
     finally:
         gateway.terminate()
         gateway.wait(timeout=60)
+        if stop_mirror:
+            subprocess.run([*forkpoint, "image", "mirror", "stop"], check=False)
     results = outcomes(run.stdout)
     if not results:
         sys.stdout.write(run.stdout[-5000:] + run.stderr[-5000:])
@@ -87,6 +93,30 @@ def main(argv: list[str]) -> int:
         gateway_log.seek(0)
         print("the gateway's log (its end):\n" + gateway_log.read().decode()[-4000:])
     return verdict
+
+
+def _mirror(forkpoint: list[str]) -> bool:
+    """The registry mirror with the stand-in the template tests start from (``ubuntu:22.04``;
+    ``from_base_image()`` is forkpoint's ``base``); returns whether it was started here."""
+    status = subprocess.run(
+        [*forkpoint, "image", "mirror", "status", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    started = not json.loads(status.stdout)["running"]
+    if started:
+        port = str(free_port())
+        subprocess.run([*forkpoint, "image", "mirror", "start", "--port", port], check=True)
+    subprocess.run([*forkpoint, "image", "mirror", "standins", "ubuntu:22.04"], check=True)
+    return started
+
+
+def _delete_templates(env: dict[str, str]) -> None:
+    """The templates the suite built (each a forkpoint image) go: a run must not fill the
+    disk."""
+    url, headers = env["E2B_API_URL"], {"X-API-KEY": env["E2B_API_KEY"]}
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+        for template in client.get("/templates").json():
+            client.delete(f"/templates/{template['templateID']}")
 
 
 def report(results: dict[str, str], listed: dict[str, str], minutes: float) -> int:

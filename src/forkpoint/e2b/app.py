@@ -33,11 +33,13 @@ def create_e2b_app(sandboxes: Sandboxes, api_key: Callable[[], str]) -> FastAPI:
             raise _Unauthorized
 
     app = FastAPI(title="forkpoint E2B gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])
+    # Templates first: their fixed paths (/templates/tags) before the control plane's
+    # /templates/{id}.
     app.include_router(
         template_router(sandboxes.templates, api_key, sandboxes.config.envd_version),
         dependencies=[Depends(require_key)],
     )
+    app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])
     app.include_router(upload_router(sandboxes.templates, api_key))
     app.include_router(envd_router(sandboxes))
     app.add_middleware(SandboxPortRouter, sandboxes=sandboxes)

@@ -190,6 +190,8 @@ class Sandboxes:
         """
         name = spec.template or DEFAULT_TEMPLATE
         built = await asyncio.to_thread(self.templates.store.resolve, name)
+        if built is None and ":" in name:
+            raise NotFound(f"template {name!r} not found (`Template.get_tags` lists its tags)")
         image = built.image_hash if built is not None and built.image_hash else name
         checkpoint = None if built else await asyncio.to_thread(self._checkpoint, name)
         admission = self.runtime.admission

@@ -3,10 +3,10 @@
 The SDK uploads a step's files as a tar of the paths its source pattern matches, relative
 to the build's context. podman's ``COPY`` would follow the symlinks among them (a link to
 an absolute path on the SDK's machine then fails the build); ``ADD`` of a local tar keeps
-every entry as it is. So the matches are repacked relative to the target: a directory's
-contents go into the target, a file goes into it by name — or becomes it, when one file
-goes to a target that does not end with ``/`` (Docker's ``COPY`` rules). ``mode`` is set
-on the entries themselves.
+every entry as it is. So the matches are repacked relative to the target: a directory
+named as the source gives its contents, what a pattern matches goes into the target by
+name (directories with their tree), and one file sent to a target that does not end with
+``/`` becomes that file. ``mode`` is set on the entries themselves.
 """
 
 from __future__ import annotations
@@ -39,14 +39,20 @@ def stage_copy(files: Path, src: str, dest: str, mode: str | None, archive: Path
     else:
         target_dir, names = into, {m: posixpath.basename(m.rstrip("/")) for m in matches}
     bits = int(mode, 8) if mode else None
+    pattern_has_glob = any(c in pattern for c in "*?[")
     with tarfile.open(archive, "w") as tar:
         for match, name in names.items():
             path = files / match
             if path.is_dir() and not path.is_symlink():
+                # A directory named as the source gives its contents; one a pattern
+                # matched keeps its name.
+                prefix = Path(name) if pattern_has_glob else Path()
+                if pattern_has_glob:
+                    _add(tar, path, name, bits)
                 for root, dirs, leaves in os.walk(path):
                     for entry in sorted(dirs + leaves):
                         full = Path(root) / entry
-                        _add(tar, full, str(full.relative_to(path)), bits)
+                        _add(tar, full, str(prefix / full.relative_to(path)), bits)
             else:
                 _add(tar, path, name, bits)
     return target_dir.rstrip("/") + "/"
