@@ -193,6 +193,8 @@ class Sandboxes:
         if built is None and ":" in name:
             raise NotFound(f"template {name!r} not found (`Template.get_tags` lists its tags)")
         image = built.image_hash if built is not None and built.image_hash else name
+        memory_mib = built.memory_mib if built else self.config.memory_mib
+        cpus = built.cpus if built else self.config.cpus
         checkpoint = None if built else await asyncio.to_thread(self._checkpoint, name)
         admission = self.runtime.admission
         on_expiry = Expiry.PAUSE if spec.auto_pause else Expiry.REMOVE
@@ -215,7 +217,7 @@ class Sandboxes:
             try:
                 with await admission.create():
                     session = await self.runtime.create(
-                        image=image, memory_mib=self.config.memory_mib, cpus=self.config.cpus,
+                        image=image, memory_mib=memory_mib, cpus=cpus,
                         network=network, allow_net=egress.allow, deny_net=egress.deny,
                         timeout_s=self._timeout(spec.timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import secrets
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
 from forkpoint.images import build_oci_image, get_image
@@ -97,10 +98,16 @@ class TemplateBuilds:
 
     # -- requests, uploads, tags ------------------------------------------------------------
 
-    def request(self, name: str, tags: list[str]) -> TemplateBuildRecord:
+    def request(
+        self, name: str, tags: list[str], cpus: int | None = None, memory_mib: int | None = None
+    ) -> TemplateBuildRecord:
+        """A new build of ``name[:tag]``; its sandboxes get ``cpus`` and ``memory_mib`` (the
+        gateway's by default)."""
         base, tag = split_name(name)
         wanted = check_tags([*([tag] if tag else []), *tags])
-        return self.store.request(base, list(dict.fromkeys(wanted)))
+        return self.store.request(
+            base, list(dict.fromkeys(wanted)), cpus or self.cpus, memory_mib or self.memory_mib
+        )
 
     def _file(self, files_hash: str) -> Path:
         if not _HASH_RE.match(files_hash):
@@ -112,31 +119,31 @@ class TemplateBuilds:
             raise NotFound(f"template {template_id} not found")
         return self._file(files_hash).is_file()
 
-    async def save_files(self, files_hash: str, chunks: object) -> None:
-        """Store an upload (an async iterator of bytes) under its hash, whole or not at all."""
+    async def save_files(self, files_hash: str, chunks: AsyncIterator[bytes]) -> None:
+        """Store an upload under its hash, whole or not at all."""
         final = self._file(files_hash)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        partial = final.with_name(f".{final.name}.{id(chunks)}")
+        partial = final.with_name(f".{final.name}.{secrets.token_hex(8)}")
+        out = await asyncio.to_thread(_open_new, partial)
         size = 0
         try:
-            with partial.open("wb") as out:
-                async for chunk in chunks:  # type: ignore[attr-defined]
+            with out:
+                async for chunk in chunks:
                     size += len(chunk)
                     if size > _MAX_UPLOAD:
                         raise InvalidInput(f"upload larger than {_MAX_UPLOAD} bytes")
-                    out.write(chunk)
-            partial.replace(final)
+                    await asyncio.to_thread(out.write, chunk)
+            await asyncio.to_thread(partial.replace, final)
         finally:
-            partial.unlink(missing_ok=True)
+            await asyncio.to_thread(partial.unlink, missing_ok=True)
 
     # -- the build ------------------------------------------------------------------------------
 
-    def start(self, template_id: str, build_id: str, spec: TemplateSpec) -> None:
-        """:raises Conflict: the build was already started."""
-        build = self.store.build(template_id, build_id)
+    async def start(self, template_id: str, build_id: str, spec: TemplateSpec) -> None:
+        """:raises NotFound: no such build. :raises Conflict: it was already started."""
+        build = await asyncio.to_thread(self.store.build, template_id, build_id)
         if build.status != "waiting":
             raise Conflict(f"build {build_id} was already started ({build.status})")
-        self.store.set_status(build.build_id, "building")
+        await asyncio.to_thread(self.store.set_status, build.build_id, "building")
         self.logs[build.build_id] = []
         task = asyncio.create_task(self._run(build, spec))
         self._tasks.add(task)
@@ -169,19 +176,22 @@ class TemplateBuilds:
                 report("start", f"starting {spec.startCmd!r} and waiting until it is ready")
             else:
                 report("start", "booting the template")
-            await self.runtime.prepare(image_hash, self.memory_mib, self.cpus)
-        except ForkpointError as error:
-            message = steps.failure(error.message, spec)
-            self._log(build.build_id, message, level="error", step=steps.current)
-            self.store.set_status(build.build_id, "error", reason=message, step=steps.current)
-            return
+            await self.runtime.prepare(image_hash, build.memory_mib, build.cpus)
         except Exception as error:  # noqa: BLE001 - a build must end, whatever went wrong
-            message = f"{type(error).__name__}: {error}"
+            message = (
+                steps.failure(error.message, spec)
+                if isinstance(error, ForkpointError)
+                else f"{type(error).__name__}: {error}"
+            )
             self._log(build.build_id, message, level="error", step=steps.current)
-            self.store.set_status(build.build_id, "error", reason=message, step=steps.current)
+            await asyncio.to_thread(
+                self.store.set_status, build.build_id, "error", reason=message, step=steps.current
+            )
             return
         self._log(build.build_id, f"template {build.name} is ready (image {image_hash})")
-        self.store.set_status(build.build_id, "ready", image_hash=image_hash, oci_id=oci_id)
+        await asyncio.to_thread(
+            self.store.set_status, build.build_id, "ready", image_hash=image_hash, oci_id=oci_id
+        )
 
     async def _build(
         self, build: TemplateBuildRecord, spec: TemplateSpec, report: Report, steps: _StepTracker
@@ -193,7 +203,7 @@ class TemplateBuilds:
             plan = to_dockerfile(spec, base, copies)
             steps.names = plan.steps
             dockerfile = context / "Dockerfile"
-            dockerfile.write_text(plan.text)
+            await asyncio.to_thread(dockerfile.write_text, plan.text)
             report("source", f"building from {base}: {len(spec.steps)} steps")
             image = await asyncio.to_thread(
                 build_oci_image, image_name(build.template_id), dockerfile=dockerfile,
@@ -254,6 +264,11 @@ class TemplateBuilds:
         template_id = await asyncio.to_thread(self.store.delete, name_or_id)
         with contextlib.suppress(ForkpointError):
             await self.runtime.remove_image(image_name(template_id))
+
+
+def _open_new(path: Path) -> BinaryIO:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("wb")
 
 
 def image_name(template_id: str) -> str:

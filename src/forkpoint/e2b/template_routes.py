@@ -79,7 +79,9 @@ def template_router(
         name = body.name or body.alias
         if not name:
             raise InvalidInput("a template build needs a name")
-        build = await asyncio.to_thread(builds.request, name, body.tags)
+        build = await asyncio.to_thread(
+            builds.request, name, body.tags, body.cpuCount, body.memoryMB
+        )
         return {
             "templateID": build.template_id, "buildID": build.build_id, "public": False,
             "names": [build.name], "aliases": [build.name], "tags": build.tags,
@@ -96,8 +98,7 @@ def template_router(
 
     @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
     async def start_build(template_id: str, build_id: str, body: TemplateSpec) -> Response:
-        await asyncio.to_thread(builds.store.build, template_id, build_id)
-        builds.start(template_id, build_id, body)
+        await builds.start(template_id, build_id, body)
         return Response(status_code=202)
 
     @router.get("/templates/{template_id}/builds/{build_id}/status")
@@ -127,8 +128,8 @@ def template_router(
                 "names": [b.name],
                 "aliases": [b.name],
                 "public": False,
-                "cpuCount": builds.cpus,
-                "memoryMB": builds.memory_mib,
+                "cpuCount": b.cpus,
+                "memoryMB": b.memory_mib,
                 "diskSizeMB": 0,
                 "createdAt": _iso(b.created_at),
                 "updatedAt": _iso(b.created_at),

@@ -97,7 +97,8 @@ def migrate_e2b_host_mask(conn: sqlite3.Connection) -> None:
 def migrate_e2b_templates(conn: sqlite3.Connection) -> None:
     """Schema v15: templates built from code (E2B's template builder): a template is a name;
     each build of it becomes a forkpoint image (``image_hash``, and ``oci_id``: its podman
-    image, the base of a template built ``from_template`` it); tags name builds."""
+    image, the base of a template built ``from_template`` it) whose sandboxes have the
+    build's ``cpus`` and ``memory_mib``; tags name builds."""
     conn.execute(
         """CREATE TABLE e2b_templates (
             template_id TEXT PRIMARY KEY,
@@ -112,6 +113,8 @@ def migrate_e2b_templates(conn: sqlite3.Connection) -> None:
             status      TEXT NOT NULL
                         CHECK (status IN ('waiting', 'building', 'ready', 'error')),
             tags        TEXT NOT NULL DEFAULT '[]',
+            cpus        INTEGER NOT NULL,
+            memory_mib  INTEGER NOT NULL,
             image_hash  TEXT,
             oci_id      TEXT,
             reason      TEXT,

@@ -25,6 +25,8 @@ class TemplateBuildRecord:
     name: str
     status: str
     tags: list[str]
+    cpus: int
+    memory_mib: int
     image_hash: str | None
     oci_id: str | None
     reason: str | None
@@ -48,7 +50,8 @@ _BUILD = (
 def _build(row: sqlite3.Row) -> TemplateBuildRecord:
     return TemplateBuildRecord(
         build_id=row["build_id"], template_id=row["template_id"], name=row["name"],
-        status=row["status"], tags=json.loads(row["tags"]), image_hash=row["image_hash"],
+        status=row["status"], tags=json.loads(row["tags"]), cpus=row["cpus"],
+        memory_mib=row["memory_mib"], image_hash=row["image_hash"],
         oci_id=row["oci_id"], reason=row["reason"], step=row["step"],
         created_at=row["created_at"],
     )  # fmt: skip
@@ -58,7 +61,9 @@ class E2bTemplatesStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def request(self, name: str, tags: list[str]) -> TemplateBuildRecord:
+    def request(
+        self, name: str, tags: list[str], cpus: int, memory_mib: int
+    ) -> TemplateBuildRecord:
         """A new build (``waiting``) of template ``name``, made if it is new."""
         now = time.time()
         with self.store.transaction() as conn:
@@ -73,9 +78,9 @@ class E2bTemplatesStore:
                 )
             build_id = str(uuid.uuid4())
             conn.execute(
-                "INSERT INTO e2b_template_builds (build_id, template_id, status, tags, "
-                "created_at) VALUES (?, ?, 'waiting', ?, ?)",
-                (build_id, template_id, json.dumps(tags or [DEFAULT_TAG]), now),
+                "INSERT INTO e2b_template_builds (build_id, template_id, status, tags, cpus, "
+                "memory_mib, created_at) VALUES (?, ?, 'waiting', ?, ?, ?, ?)",
+                (build_id, template_id, json.dumps(tags or [DEFAULT_TAG]), cpus, memory_mib, now),
             )
         return self.build(template_id, build_id)
 
