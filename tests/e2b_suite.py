@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
     forkpoint = [sys.executable, "-m", "forkpoint.cli.app"]
     gateway_log = tempfile.TemporaryFile()
     gateway = subprocess.Popen(
-        [*forkpoint, "serve", "--e2b", "--port", str(port), "--proxy-port", str(proxy_port)],
+        [*forkpoint, "serve", "--e2b", "--port", str(port), "--proxy-port", str(proxy_port),
+         "--template-builds"],
         stdout=subprocess.DEVNULL, stderr=gateway_log,
     )  # fmt: skip
     stop_mirror = _mirror(forkpoint)

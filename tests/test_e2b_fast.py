@@ -229,3 +229,25 @@ def test_proxy_listens_on_ipv6_loopback_too(gateway: Gateway) -> None:
         socket.create_connection(("::1", gateway.proxy_port), timeout=2).close()
     except OSError as error:
         pytest.skip(f"no IPv6 loopback here: {error}")
+
+
+def test_template_builds_are_off_unless_asked_and_bad_input_is_refused(gateway: Gateway) -> None:
+    """Template builds run their steps as root on the host: a gateway serves them only with
+    --template-builds. What every build route refuses, with one line each."""
+    from e2b import BuildException, Template
+
+    with pytest.raises(BuildException, match="template builds are off"):
+        Template.build(Template().from_image("ubuntu:22.04").run_cmd("true"), "fp-off")
+    key = {"X-API-KEY": gateway.api_key}
+    status = httpx.get(f"{gateway.url}/templates/nope/builds/{UNKNOWN}/status", headers=key)
+    assert status.status_code == 404 and "not found" in status.json()["message"]
+    link = httpx.get(f"{gateway.url}/templates/nope/files/{'0' * 64}", headers=key)
+    assert link.status_code == 404
+    upload = httpx.put(f"{gateway.url}/template-files/{'0' * 64}?token=forged", content=b"x")
+    assert upload.status_code == 403
+    tags = httpx.post(
+        f"{gateway.url}/templates/tags", headers=key, json={"target": "nope:v1", "tags": [":x"]}
+    )
+    assert tags.status_code == 400 and "invalid tag" in tags.json()["message"]
+    assert not Template.exists("fp-off")
+    assert httpx.get(f"{gateway.url}/templates", headers=key).json() == []

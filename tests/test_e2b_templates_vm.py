@@ -52,7 +52,7 @@ def mirror() -> Iterator[dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def gateway(mirror: dict[str, object]) -> Iterator[Gateway]:
-    with running_gateway("--e2b-timeout", "600") as gw:
+    with running_gateway("--e2b-timeout", "600", "--template-builds") as gw:
         yield gw
 
 

@@ -90,6 +90,7 @@ def serve_e2b(
     proxy_port: int | None,
     timeout_s: int,
     log_level: str,
+    template_builds: bool = False,
 ) -> None:
     """Serve the gateway until interrupted (the caller checked ``host``)."""
     import socket
@@ -117,7 +118,10 @@ def serve_e2b(
         from forkpoint.server import write_token
 
         write_token(token_path)
-    config = GatewayConfig(domain=f"localhost:{bound_proxy}", default_timeout_s=timeout_s)
+    config = GatewayConfig(
+        domain=f"localhost:{bound_proxy}", default_timeout_s=timeout_s,
+        template_builds=template_builds,
+    )  # fmt: skip
     err_console.print(
         f"forkpoint E2B gateway: API + envd on http://{host}:{api_port}, sandbox ports on "
         f"{host}:{bound_proxy} (API key in {token_path}); "

@@ -51,6 +51,14 @@ def serve_command(
         int,
         typer.Option("--e2b-timeout", min=1, help="With --e2b: default sandbox timeout (s)."),
     ] = 300,
+    template_builds: Annotated[
+        bool,
+        typer.Option(
+            "--template-builds",
+            help="With --e2b: serve E2B's template builds. Their steps run as root on this "
+            "host (podman, chroot isolation), so the API key then grants that.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the REST API (/v1, OpenAPI at /v1/openapi.json) until interrupted.
 
@@ -76,11 +84,11 @@ def serve_command(
         signal.signal(signal.SIGTERM, raise_exit)
         serve_e2b(
             host=host, port=port, proxy_port=proxy_port, timeout_s=e2b_timeout,
-            log_level=log_level,
+            log_level=log_level, template_builds=template_builds,
         )  # fmt: skip
         return
-    if proxy_port is not None:
-        raise InvalidInput("--proxy-port applies to --e2b only")
+    if proxy_port is not None or template_builds:
+        raise InvalidInput("--proxy-port and --template-builds apply to --e2b only")
     if port is None and host != "127.0.0.1":
         raise InvalidInput("--host applies to --port only")
     # From here on SIGTERM unwinds (finally blocks run): the socket file gets removed.

@@ -36,7 +36,12 @@ def create_e2b_app(sandboxes: Sandboxes, api_key: Callable[[], str]) -> FastAPI:
     # Templates first: their fixed paths (/templates/tags) before the control plane's
     # /templates/{id}.
     app.include_router(
-        template_router(sandboxes.templates, api_key, sandboxes.config.envd_version),
+        template_router(
+            sandboxes.templates,
+            api_key,
+            sandboxes.config.envd_version,
+            allowed=sandboxes.config.template_builds,
+        ),  # fmt: skip
         dependencies=[Depends(require_key)],
     )
     app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])

@@ -66,6 +66,8 @@ class GatewayConfig:
     cpus: int = DEFAULT_CPUS
     #: What the gateway admits (the runtime's policy); None: ``ApiLimits.from_env()``.
     limits: ApiLimits | None = None
+    #: Whether template builds are served: their steps run as root on the host.
+    template_builds: bool = False
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ E2B_BASE_REFS: Final = ("e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/b
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
-_STEP_RE = re.compile(r"^STEP (\d+)/\d+: (.*)$")
+_STEP_RE = re.compile(r"^STEP (\d+)/\d+: ")
 # podman 5 / podman 4.3's words for a USER with no account.
 _NO_USER_RE = re.compile(r'unable to find user ([^:\s]+)|looking up user "([^"]+)"')
 # podman's "Error: building at STEP "RUN …": <what went wrong>"
@@ -49,6 +49,8 @@ _STEP_ERROR_RE = re.compile(r'building at STEP "[^"]*": (.*)$')
 #: How many log lines one status call answers (the SDK keeps asking until none are left).
 _PAGE: Final = 100
 _MAX_UPLOAD: Final = 2 * 1024**3
+#: Builds whose logs the gateway keeps in memory.
+_KEPT_LOGS: Final = 64
 
 Report = Callable[[str, str], None]  # the image builder's progress: (stage, line)
 
@@ -144,6 +146,8 @@ class TemplateBuilds:
         if build.status != "waiting":
             raise Conflict(f"build {build_id} was already started ({build.status})")
         await asyncio.to_thread(self.store.set_status, build.build_id, "building")
+        while len(self.logs) >= _KEPT_LOGS:  # the oldest builds' logs go
+            del self.logs[next(iter(self.logs))]
         self.logs[build.build_id] = []
         task = asyncio.create_task(self._run(build, spec))
         self._tasks.add(task)
@@ -282,15 +286,12 @@ class _StepTracker:
     def __init__(self) -> None:
         self.current: str = BASE_STEP
         self.names: list[str] = []
-        self.command: str | None = None
 
     def see(self, line: str) -> None:
         match = _STEP_RE.match(line)
         if match and self.names:
             number = int(match.group(1))
             self.current = self.names[number - 1] if number <= len(self.names) else BASE_STEP
-            instruction = match.group(2)
-            self.command = instruction if instruction.startswith("RUN ") else None
 
     def failure(self, message: str, spec: TemplateSpec) -> str:
         """E2B's wording for a failed command: ``failed to run command '…': …``."""

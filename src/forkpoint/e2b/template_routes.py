@@ -69,13 +69,19 @@ def _iso(moment: float) -> str:
 
 
 def template_router(
-    builds: TemplateBuilds, api_key: Callable[[], str], envd_version: str
+    builds: TemplateBuilds, api_key: Callable[[], str], envd_version: str, allowed: bool
 ) -> APIRouter:
-    """The routes that need the API key."""
+    """The routes that need the API key; ``allowed``: whether new builds are."""
     router = APIRouter()
 
-    @router.post("/v3/templates", status_code=202)
-    async def request_build(body: BuildRequest) -> dict[str, object]:
+    @router.post("/v3/templates", status_code=202, response_model=None)
+    async def request_build(body: BuildRequest) -> dict[str, object] | JSONResponse:
+        if not allowed:
+            message = (
+                "template builds are off: their steps run as root on the gateway's host; "
+                "start it with `forkpoint serve --e2b --template-builds` to allow them"
+            )
+            return JSONResponse({"code": 403, "message": message}, status_code=403)
         name = body.name or body.alias
         if not name:
             raise InvalidInput("a template build needs a name")
