@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from e2b import (
 )
 
 from e2b_gateway import Gateway, free_port, running_gateway
+from forkpoint.config import home
 
 pytestmark = pytest.mark.vm
 
@@ -72,8 +72,11 @@ def test_a_template_from_code_serves_from_its_first_sandbox(
         .set_workdir("/srv/site")
         .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000))
     )
+    uploads = home().root / "e2b-template-files"
+    uploaded_before = set(uploads.iterdir()) if uploads.is_dir() else set()
     logs: list[LogEntry] = []
     info = Template.build(template, "fp-served:v1", on_build_logs=logs.append)
+    assert set(uploads.iterdir()) - uploaded_before  # the files, under their hash
     messages = [entry.message for entry in logs]
     assert any("building as user in /home/user" in m for m in messages), messages
     assert any(m.startswith("STEP ") for m in messages)  # podman's steps, line by line
@@ -112,6 +115,7 @@ def test_a_template_from_code_serves_from_its_first_sandbox(
     finally:
         _delete_template(gateway, info.template_id)
     assert not Template.exists("fp-served")
+    assert set(uploads.iterdir()) <= uploaded_before  # no other template copies them
     assert f"e2b-{info.template_id}" not in _fp("image", "ls", "--json")
     with pytest.raises(SandboxException, match="404: template 'fp-served:v2' not found"):
         Sandbox.create("fp-served:v2")
@@ -131,13 +135,11 @@ def test_a_failing_step_is_reported_with_its_line(gateway: Gateway) -> None:
         .run_cmd("true")
         .run_cmd("exit 3")  # the failing step: its line is in the traceback
     )
-    started = time.monotonic()
     with pytest.raises(BuildException) as failed:
         Template.build(template, "fp-failing")
     assert "failed to run command 'exit 3': command failed: exit status 3" in str(failed.value)
     frames = traceback.extract_tb(failed.value.__traceback__)
     assert any(f.filename == __file__ and '.run_cmd("exit 3")' in (f.line or "") for f in frames)
-    assert time.monotonic() - started < 120
 
     nobody = Template().from_image("ubuntu:22.04").run_cmd("whoami", user="nobody123")
     with pytest.raises(BuildException, match="invalid username: 'nobody123'"):

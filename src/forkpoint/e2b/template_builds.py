@@ -145,7 +145,8 @@ class TemplateBuilds:
         build = await asyncio.to_thread(self.store.build, template_id, build_id)
         if build.status != "waiting":
             raise Conflict(f"build {build_id} was already started ({build.status})")
-        await asyncio.to_thread(self.store.set_status, build.build_id, "building")
+        files = [s.filesHash for s in spec.steps if s.type == "COPY" and s.filesHash]
+        await asyncio.to_thread(self.store.start, build.build_id, files)
         while len(self.logs) >= _KEPT_LOGS:  # the oldest builds' logs go
             del self.logs[next(iter(self.logs))]
         self.logs[build.build_id] = []
@@ -264,8 +265,11 @@ class TemplateBuilds:
     # -- removal --------------------------------------------------------------------------
 
     async def delete(self, name_or_id: str) -> None:
-        """Forget a template; its images go unless a sandbox or snapshot still uses them."""
-        template_id = await asyncio.to_thread(self.store.delete, name_or_id)
+        """Forget a template and the uploads only it copied; its images go unless a sandbox
+        or snapshot still uses them."""
+        template_id, unused = await asyncio.to_thread(self.store.delete, name_or_id)
+        for files_hash in unused:
+            await asyncio.to_thread(self._file(files_hash).unlink, missing_ok=True)
         with contextlib.suppress(ForkpointError):
             await self.runtime.remove_image(image_name(template_id))
 

@@ -98,7 +98,8 @@ def migrate_e2b_templates(conn: sqlite3.Connection) -> None:
     """Schema v15: templates built from code (E2B's template builder): a template is a name;
     each build of it becomes a forkpoint image (``image_hash``, and ``oci_id``: its podman
     image, the base of a template built ``from_template`` it) whose sandboxes have the
-    build's ``cpus`` and ``memory_mib``; tags name builds."""
+    build's ``cpus`` and ``memory_mib``; ``files``: the hashes of the uploads its steps
+    copy (kept while a build names them); tags name builds."""
     conn.execute(
         """CREATE TABLE e2b_templates (
             template_id TEXT PRIMARY KEY,
@@ -115,6 +116,7 @@ def migrate_e2b_templates(conn: sqlite3.Connection) -> None:
             tags        TEXT NOT NULL DEFAULT '[]',
             cpus        INTEGER NOT NULL,
             memory_mib  INTEGER NOT NULL,
+            files       TEXT NOT NULL DEFAULT '[]',
             image_hash  TEXT,
             oci_id      TEXT,
             reason      TEXT,

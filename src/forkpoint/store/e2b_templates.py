@@ -120,6 +120,14 @@ class E2bTemplatesStore:
                 ).fetchone()
                 self._tag(conn, row["template_id"], build_id, json.loads(row["tags"]))
 
+    def start(self, build_id: str, files: list[str]) -> None:
+        """A build starts (``building``), copying the uploads ``files``."""
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE e2b_template_builds SET status = 'building', files = ? WHERE build_id = ?",
+                (json.dumps(sorted(set(files))), build_id),
+            )
+
     def fail_unfinished(self, reason: str) -> None:
         """Builds a stopped gateway left running end in ``error``."""
         with self.store.transaction() as conn:
@@ -211,13 +219,17 @@ class E2bTemplatesStore:
             ).fetchall()
         return [TemplateTagRecord(r["tag"], r["build_id"], r["created_at"]) for r in rows]
 
-    def delete(self, name_or_id: str) -> str:
-        """Forget a template and its builds; returns its id.
+    def delete(self, name_or_id: str) -> tuple[str, set[str]]:
+        """Forget a template and its builds; returns its id and the uploads no remaining
+        build copies.
 
         :raises NotFound: no such template."""
         template_id = self.template_id(name_or_id)
         if template_id is None:
             raise NotFound(f"template {name_or_id} not found")
         with self.store.transaction() as conn:
+            rows = conn.execute("SELECT template_id, files FROM e2b_template_builds").fetchall()
             conn.execute("DELETE FROM e2b_templates WHERE template_id = ?", (template_id,))
-        return template_id
+        mine = {f for r in rows if r["template_id"] == template_id for f in json.loads(r["files"])}
+        kept = {f for r in rows if r["template_id"] != template_id for f in json.loads(r["files"])}
+        return template_id, mine - kept
