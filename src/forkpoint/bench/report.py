@@ -370,6 +370,7 @@ def _e2b_lines(e2b: Mapping[str, Any]) -> list[str]:
     for name, label in (
         ("create_first_command", "E2B create → first command result"),
         ("create_first_run_code", "E2B create → first `run_code` result"),
+        ("create_template_from_code", "E2B create → a template-from-code's server answers"),
         ("fork3", "E2B fork x3"),
     ):
         entry = e2b.get(name)
