@@ -64,13 +64,13 @@ def main(argv: list[str]) -> int:
         stdout=subprocess.DEVNULL, stderr=gateway_log,
     )  # fmt: skip
     stop_mirror = _mirror(forkpoint)
+    env_json = subprocess.run(
+        [*forkpoint, "e2b", "env", "--json", "--port", str(port),
+         "--proxy-port", str(proxy_port)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "E2B_DEBUG"} | json.loads(env_json)
     try:
-        env_json = subprocess.run(
-            [*forkpoint, "e2b", "env", "--json", "--port", str(port),
-             "--proxy-port", str(proxy_port)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != "E2B_DEBUG"} | json.loads(env_json)
         started = time.monotonic()
         run = subprocess.run(
             [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "120",
@@ -78,8 +78,8 @@ def main(argv: list[str]) -> int:
             cwd=suite, env=env, capture_output=True, text=True,
         )  # fmt: skip
         minutes = (time.monotonic() - started) / 60
-        _delete_templates(env)
     finally:
+        _delete_templates(env)
         gateway.terminate()
         gateway.wait(timeout=60)
         if stop_mirror:
@@ -115,9 +115,14 @@ def _delete_templates(env: dict[str, str]) -> None:
     """The templates the suite built (each a forkpoint image) go: a run must not fill the
     disk."""
     url, headers = env["E2B_API_URL"], {"X-API-KEY": env["E2B_API_KEY"]}
-    with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
-        for template in client.get("/templates").json():
-            client.delete(f"/templates/{template['templateID']}")
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+            listed = client.get("/templates")
+            listed.raise_for_status()
+            for template in listed.json():
+                client.delete(f"/templates/{template['templateID']}").raise_for_status()
+    except (httpx.HTTPError, ValueError) as error:
+        print(f"e2b-suite: the templates it built were not all deleted: {error!r}")
 
 
 def report(results: dict[str, str], listed: dict[str, str], minutes: float) -> int:

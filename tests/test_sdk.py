@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import httpx
 import pytest
 
 from forkpoint.errors import CommandTimeout, ForkpointError, InvalidInput, NotFound, QemuError
+from forkpoint.requests import ImageBuildRequest
 from forkpoint.sdk import (
     AsyncCheckpoint,
     AsyncSandbox,
@@ -420,3 +422,43 @@ def test_a_running_server_samples_metrics(api: str, vm_ready: None) -> None:
             check=True,
         )  # fmt: skip
         assert sample.at in [m["at"] for m in json.loads(shown.stdout)]
+
+
+def test_images_are_listed_built_and_removed_through_the_api(api: str) -> None:
+    """The image operations of the table (REST here; MCP has the same tools): a Dockerfile
+    with its build context sent along — a busybox-only image, no libc — built, listed with
+    its service and ready check, removed; bad builds refused before anything runs."""
+    name = f"sdk-{uuid.uuid4().hex[:8]}"
+    dockerfile = (
+        "FROM scratch\nCOPY busybox /bin/busybox\nCOPY busybox /bin/sh\n"
+        'CMD ["/bin/busybox", "httpd", "-f", "-p", "8000"]\n'
+        'LABEL dev.forkpoint.ready-cmd="busybox wget -q -O- 127.0.0.1:8000"\n'
+    )
+    busybox = Path("/bin/busybox").read_bytes()
+
+    async def scenario() -> None:
+        listed = {i.name: i for i in await AsyncSandbox.list_images(base_url=api)}
+        assert listed["default"].source["kind"] == "debian" and listed["default"].suite
+        built = await AsyncSandbox.build_image(
+            name, dockerfile=dockerfile, files={"busybox": busybox}, base_url=api
+        )
+        assert built.name == name and built.source["kind"] == "dockerfile"
+        assert built.start == ["/bin/busybox", "httpd", "-f", "-p", "8000"]
+        assert built.ready == "busybox wget -q -O- 127.0.0.1:8000"
+        assert name in {i.name for i in await AsyncSandbox.list_images(base_url=api)}
+        assert await AsyncSandbox.remove_image(name, base_url=api) == [built.hash]
+        assert name not in {i.name for i in await AsyncSandbox.list_images(base_url=api)}
+        with pytest.raises(NotFound):
+            await AsyncSandbox.remove_image(name, base_url=api)
+        for bad in (
+            {"dockerfile": "FROM scratch\n", "files": {"../x": b""}},
+            {"dockerfile": "FROM scratch\n", "packages": ["git"]},
+            {"packages": ["No Such Package"]},
+        ):
+            with pytest.raises(InvalidInput):
+                await AsyncSandbox.build_image(name, base_url=api, **bad)
+
+    asyncio.run(scenario())
+    not_base64 = ImageBuildRequest(name="x", dockerfile="FROM scratch\n", files={"x": "!!"})
+    with pytest.raises(InvalidInput, match="base64"):
+        not_base64.context_files()

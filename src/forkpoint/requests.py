@@ -274,6 +274,59 @@ class EgressRequest(_Request):
     )
 
 
+#: What a REST/MCP image build may carry: the Dockerfile and its build context's files.
+MAX_DOCKERFILE_BYTES = 1 << 20
+MAX_CONTEXT_BYTES = 16 << 20
+
+
+class ImageBuildRequest(_Request):
+    """An image to build: a minimal Debian plus ``packages``, or a ``dockerfile`` (podman)
+    with ``files`` as its build context (relative path -> base64 content)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+    packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{0,99}$")]] = Field(
+        default_factory=list, max_length=200, description="Extra Debian packages."
+    )
+    dockerfile: str | None = Field(
+        default=None, max_length=MAX_DOCKERFILE_BYTES,
+        description="A Dockerfile (LABEL dev.forkpoint.ready-cmd=... : its service's ready check).",
+    )  # fmt: skip
+    files: dict[Annotated[str, Field(max_length=4096)], str] = Field(
+        default_factory=dict, max_length=10_000,
+        description="The Dockerfile's build context: relative path -> base64 content.",
+    )  # fmt: skip
+    start: Flag = Field(default=True, description="Start the image's CMD in every session.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ImageBuildRequest:
+        if self.dockerfile is not None and self.packages:
+            raise PydanticCustomError(
+                "bad_build", "packages are for Debian images: RUN apt-get in the Dockerfile"
+            )
+        if self.dockerfile is None and self.files:
+            raise PydanticCustomError("bad_build", "files are a Dockerfile's build context")
+        total = 0
+        for path, content in self.files.items():
+            parts = path.split("/")
+            if path.startswith("/") or ".." in parts or "" in parts or "Dockerfile" == path:
+                raise PydanticCustomError(
+                    "bad_path", "context path {path!r}: relative, no '..'", {"path": path}
+                )
+            total += len(content) * 3 // 4
+        if total > MAX_CONTEXT_BYTES:
+            raise PydanticCustomError("too_big", "build context over 16 MiB")
+        return self
+
+    def context_files(self) -> dict[str, bytes]:
+        """:raises InvalidInput: content that is not base64."""
+        try:
+            return {
+                path: base64.b64decode(data, validate=True) for path, data in self.files.items()
+            }
+        except ValueError:
+            raise InvalidInput("files: every content must be base64") from None
+
+
 class TimeoutRequest(_Request):
     """A session's new lifetime, from now (0: it ends at once — removed or paused by the
     next expiry round); None: it never expires. ``on_expiry``: what happens then (None:

@@ -36,6 +36,7 @@ from forkpoint.models import (
     FileCheck,
     FileEvent,
     HistoryStep,
+    ImageInfo,
     Metric,
     OperationKind,
     Port,
@@ -52,6 +53,7 @@ from forkpoint.requests import (
     EgressRequest,
     EventsRequest,
     ForkRequest,
+    ImageBuildRequest,
     MetricsRequest,
     PauseRequest,
     PortRequest,
@@ -263,6 +265,18 @@ async def _recover(rt: Runtime, ids: Ids, request: None) -> list[Session | Error
     return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
 
 
+async def _list_images(rt: Runtime, ids: Ids, request: None) -> list[ImageInfo]:
+    return await asyncio.to_thread(rt.images)
+
+
+async def _build_image(rt: Runtime, ids: Ids, request: ImageBuildRequest) -> ImageInfo:
+    return await rt.build_image(request)
+
+
+async def _remove_image(rt: Runtime, ids: Ids, request: None) -> list[str]:
+    return await rt.remove_image(ids["image"])
+
+
 # -- the table -----------------------------------------------------------------------------
 
 _S = "/sessions/{session_id}"
@@ -281,6 +295,21 @@ OPERATIONS: tuple[Op, ...] = (
         "write, so `undo` can take steps back (``history_keep`` of them). Returns the "
         "session (id, ports with URLs, ...).",
     ),
+    Op("list_images", "GET", "/images", _list_images, "List images", "images",
+       response=list[ImageInfo], mcp=True,
+       description="Each guest image's newest build: what sessions can be created from."),
+    Op(
+        "build_image", "POST", "/images", _build_image, "Build an image", "images",
+        ImageBuildRequest, ImageInfo, status=201, mcp=True,
+        description="Build a guest image (cached by content; minutes when new): a minimal "
+        "Debian plus ``packages``, or a ``dockerfile`` built with podman, ``files`` its "
+        "context (path -> base64). Its CMD runs in every session from the start; LABEL "
+        "dev.forkpoint.ready-cmd=<shell command> makes the boot wait until it succeeds. "
+        "RUN steps run as root on the host, as docker build's do.",
+    ),
+    Op("remove_image", "DELETE", "/images/{image}", _remove_image, "Remove an image", "images",
+       response=list[str],
+       description="Every build of the image, unless a session or checkpoint needs it."),
     Op("list_sessions", "GET", "/sessions", _list_sessions, "List sessions", "sessions",
        response=list[Session], mcp=True,
        description="Every session with its state and forwarded ports."),

@@ -120,6 +120,7 @@ __all__ = [
     "FileEvent",
     "Watcher",
     "Metric",
+    "ImageInfo",
     "FileStat",
     "Health",
     "HistoryStep",
@@ -278,6 +279,24 @@ class Metric:
     mem_cache: int
     disk_used: int
     disk_total: int
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """A guest image (the newest build of its name). ``source``: where its root filesystem
+    came from (``kind`` ``debian``, ``dockerfile``, ``containers-storage``…); ``start`` and
+    ``ready``: the service its template boot starts and the check it waits for."""
+
+    name: str
+    hash: str
+    suite: str
+    kernel_version: str
+    size_bytes: int
+    created_at: str
+    source: dict[str, str]
+    packages: list[str]
+    start: list[str]
+    ready: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import asyncio
 
 from forkpoint.config import ApiLimits, Home, home
 from forkpoint.models import EventKind
+from forkpoint.runtime import image_builds
 from forkpoint.runtime.admission import UNLIMITED, Admission
 from forkpoint.runtime.checkpoints.service import Checkpoints
 from forkpoint.runtime.context import RuntimeContext
@@ -93,6 +94,8 @@ class Runtime(Queries):
         self.export_checkpoint = checkpoints.export_checkpoint
         self.import_checkpoint = checkpoints.import_checkpoint
         self.remove_image = checkpoints.remove_image
+        self.images = image_builds.images
+        self.build_image = image_builds.build
         self.remove_checkpoint = collector.remove_checkpoint
         self.gc = collector.gc
         self.collect_hidden_checkpoints = collector.collect_hidden_checkpoints

@@ -25,6 +25,7 @@ from forkpoint.models import (
     FileEntry,
     FileEvent,
     HistoryStep,
+    ImageInfo,
     Metric,
     Network,
     Process,
@@ -396,6 +397,56 @@ class AsyncSandbox:
         """Every session."""
         async with ApiClient.held(base_url, token, runtime) as client:
             return await client.list_sessions()
+
+    @classmethod
+    async def list_images(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[ImageInfo]:
+        """Each guest image's newest build."""
+        async with ApiClient.held(base_url, token, runtime) as client:
+            return await client.images()
+
+    @classmethod
+    async def build_image(
+        cls,
+        name: str,
+        *,
+        packages: Sequence[str] = (),
+        dockerfile: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+        start: bool = True,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> ImageInfo:
+        """Build a guest image (cached by content; minutes when new): a minimal Debian plus
+        ``packages``, or ``dockerfile`` built with podman with ``files`` (relative path ->
+        bytes) as its context. Its CMD runs in every session (``start``); ``LABEL
+        dev.forkpoint.ready-cmd=...`` makes the boot wait until that command succeeds."""
+        context = {p: base64.b64encode(data).decode() for p, data in (files or {}).items()}
+        async with ApiClient.held(base_url, token, runtime) as client:
+            return await client.build_image(
+                name=name, packages=list(packages), dockerfile=dockerfile, files=context,
+                start=start,
+            )  # fmt: skip
+
+    @classmethod
+    async def remove_image(
+        cls,
+        name: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[str]:
+        """Remove every build of image ``name`` (refused while a session or checkpoint
+        needs it); returns the hashes removed."""
+        async with ApiClient.held(base_url, token, runtime) as client:
+            return await client.remove_image(name)
 
     @classmethod
     async def events(

@@ -48,6 +48,7 @@ from forkpoint.models import (
     FileCheck,
     FileEntry,
     HistoryStep,
+    ImageInfo,
     Metric,
     Port,
     Process,
@@ -212,6 +213,21 @@ class ApiClient:
             await self._request(op.method, path, json=json)
             return None
         return await self._parse(op.response, op.method, path, json=json)
+
+    # -- images ------------------------------------------------------------------------
+
+    async def images(self) -> list[ImageInfo]:
+        listed: list[ImageInfo] = await self.call("list_images")
+        return listed
+
+    async def build_image(self, **request: Any) -> ImageInfo:
+        """``request``: the fields of :class:`~forkpoint.requests.ImageBuildRequest`."""
+        built: ImageInfo = await self.call("build_image", body=request)
+        return built
+
+    async def remove_image(self, name: str) -> list[str]:
+        removed: list[str] = await self.call("remove_image", name)
+        return removed
 
     # -- sessions ----------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from forkpoint.models import (
     FileEntry,
     FileEvent,
     HistoryStep,
+    ImageInfo,
     Metric,
     Network,
     Process,
@@ -148,6 +149,36 @@ class Sandbox(SyncTwin):
         token: str | None = None,
         runtime: Runtime | None = None,
     ) -> list[Session]: ...
+    @classmethod
+    def list_images(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[ImageInfo]: ...
+    @classmethod
+    def build_image(
+        cls,
+        name: str,
+        *,
+        packages: Sequence[str] = (),
+        dockerfile: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+        start: bool = True,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> ImageInfo: ...
+    @classmethod
+    def remove_image(
+        cls,
+        name: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[str]: ...
     @classmethod
     def events(
         cls,

@@ -240,7 +240,11 @@ def create_app(
     app.include_router(ui_router(runtime))
 
     def limit_for(scope: Scope) -> int:
-        is_upload = scope.get("method") == "PUT" and str(scope.get("path", "")).endswith("/files")
+        method, path = scope.get("method"), str(scope.get("path", ""))
+        # File uploads, and image builds carrying their context (≤ 16 MiB, the model says).
+        is_upload = (method == "PUT" and path.endswith("/files")) or (
+            method == "POST" and path == "/v1/images"
+        )
         return max_upload_bytes if is_upload else max_json_bytes
 
     # Added last = outermost: auth runs before the body is read at all.
@@ -547,8 +551,12 @@ Pid = Annotated[int, PathParam(ge=1, le=1 << 22, description="The process id in 
 WatcherId = Annotated[
     str, PathParam(pattern=r"^w-[0-9a-f]{10}$", description="A watcher of the session.")
 ]
+ImageName = Annotated[
+    str, PathParam(pattern=NAME_PATTERN, description="An image's name (every build of it).")
+]
 _ID_PARAMS = {
-    "session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid, "watcher_id": WatcherId
+    "session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid, "watcher_id": WatcherId,
+    "image": ImageName,
 }  # fmt: skip
 
 
