@@ -46,6 +46,7 @@ _STEP_RE = re.compile(r"^STEP (\d+)/\d+: ")
 _NO_USER_RE = re.compile(r'unable to find user ([^:\s]+)|looking up user "([^"]+)"')
 # podman's "Error: building at STEP "RUN …": <what went wrong>"
 _STEP_ERROR_RE = re.compile(r'building at STEP "[^"]*": (.*)$')
+_EXIT_RE = re.compile(r"exit status \d+")
 #: How many log lines one status call answers (the SDK keeps asking until none are left).
 _PAGE: Final = 100
 _MAX_UPLOAD: Final = 2 * 1024**3
@@ -310,4 +311,7 @@ class _StepTracker:
         else:
             why = _STEP_ERROR_RE.search(message)
             detail = why.group(1) if why else message
+            # podman 4.3: "exit status 3"; podman 5: "while running runtime: exit status 3"
+            status = _EXIT_RE.search(detail)
+            detail = status.group(0) if status else detail
         return f"failed to run command '{step.args[0]}': command failed: {detail}"
