@@ -228,7 +228,7 @@ def build_oci_image(
     (see :func:`forkpoint.images.oci.resolve_ref`); cached by the image's content.
 
     ``start``: run its ``ENTRYPOINT``/``CMD`` in the background when the template boots
-    (after its ready check, the ``dev.forkpoint.ready-cmd`` label, passes).
+    (and, with a ``dev.forkpoint.ready-cmd`` label, wait until that check passes).
     ``no_cache``: podman runs every step again.
     :raises InvalidInput: neither or both sources, a bad path or build argument.
     :raises UnusableImage: the image lacks a shell or a libc (nothing cached).
