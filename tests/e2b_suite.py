@@ -70,7 +70,9 @@ def main(argv: list[str]) -> int:
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "E2B_DEBUG"} | json.loads(env_json)
+    before: set[str] | None = None
     try:
+        before = _template_ids(env)  # also: the gateway answers
         started = time.monotonic()
         run = subprocess.run(
             [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "120",
@@ -79,7 +81,8 @@ def main(argv: list[str]) -> int:
         )  # fmt: skip
         minutes = (time.monotonic() - started) / 60
     finally:
-        _delete_templates(env)
+        if before is not None:
+            _delete_templates(env, keep=before)
         gateway.terminate()
         gateway.wait(timeout=60)
         if stop_mirror:
@@ -111,16 +114,33 @@ def _mirror(forkpoint: list[str]) -> bool:
     return started
 
 
-def _delete_templates(env: dict[str, str]) -> None:
-    """The templates the suite built (each a forkpoint image) go: a run must not fill the
-    disk."""
-    url, headers = env["E2B_API_URL"], {"X-API-KEY": env["E2B_API_KEY"]}
+def _client(env: dict[str, str]) -> httpx.Client:
+    headers = {"X-API-KEY": env["E2B_API_KEY"]}
+    return httpx.Client(base_url=env["E2B_API_URL"], headers=headers, timeout=120)
+
+
+def _template_ids(env: dict[str, str]) -> set[str]:
+    """The templates built from code the gateway has (waiting for it to answer)."""
+    deadline = time.monotonic() + 60
+    with _client(env) as client:
+        while True:
+            try:
+                listed = client.get("/templates")
+                listed.raise_for_status()
+                return {t["templateID"] for t in listed.json()}
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def _delete_templates(env: dict[str, str], keep: set[str]) -> None:
+    """The templates the suite built (each a forkpoint image) go, the others stay: a run
+    must not fill the disk, nor take what the home had."""
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
-            listed = client.get("/templates")
-            listed.raise_for_status()
-            for template in listed.json():
-                client.delete(f"/templates/{template['templateID']}").raise_for_status()
+        with _client(env) as client:
+            for template_id in _template_ids(env) - keep:
+                client.delete(f"/templates/{template_id}").raise_for_status()
     except (httpx.HTTPError, ValueError) as error:
         print(f"e2b-suite: the templates it built were not all deleted: {error!r}")
 
