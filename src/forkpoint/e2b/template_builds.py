@@ -20,7 +20,6 @@ import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -29,6 +28,7 @@ from forkpoint.images import build_oci_image, get_image
 from forkpoint.images.podman_base import podman_base
 from forkpoint.images.recipe import E2B_BASE_IMAGE
 from forkpoint.runtime import Runtime
+from forkpoint.store import utc_now
 from forkpoint.store.e2b_templates import E2bTemplatesStore, TemplateBuildRecord
 
 from .template_dockerfile import BASE_STEP, FINALIZE_STEP, TemplateSpec, to_dockerfile
@@ -165,8 +165,7 @@ class TemplateBuilds:
     def _log(
         self, build_id: str, message: str, level: str = "info", step: str | None = None
     ) -> None:
-        moment = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        self.logs.setdefault(build_id, []).append(LogLine(moment, level, message, step))
+        self.logs.setdefault(build_id, []).append(LogLine(utc_now(), level, message, step))
 
     async def _run(self, build: TemplateBuildRecord, spec: TemplateSpec) -> None:
         steps = _StepTracker()
