@@ -13,9 +13,9 @@ APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium pa
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv bytecode image test security e2b-suite other-release other-release-smoke demo lint bench faults load clean
+.PHONY: setup apt venv vendor bytecode image test security e2b-suite other-release other-release-smoke demo ui-shots lint bench faults load clean
 
-setup: apt venv bytecode image
+setup: apt venv vendor bytecode image
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -38,6 +38,10 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The page's terminal (xterm.js) from the npm registry, pinned and checked, into the package.
+vendor: venv
+	$(PY) -c 'from forkpoint.server.vendor import main; main()'
+
 # Compiled once here: the environment may forbid writing bytecode (PYTHONDONTWRITEBYTECODE),
 # and recompiling forkpoint's sources on every CLI call would cost more than the call.
 bytecode: venv
@@ -50,7 +54,7 @@ image: apt venv
 	$(FP) image build code-interpreter-v1
 
 test: setup
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
 
 # E2B's own SDK test suite, unmodified, where it lies (never copied here), run against a
 # fresh gateway with the e2b version forkpoint pins; tests/e2b_suite_expected.txt lists
@@ -83,6 +87,10 @@ other-release-smoke: apt
 
 demo: setup
 	$(FP) demo --out $(DEMO_OUT)
+
+# The page's pictures in the README (docs/ui*.png), taken by its Playwright tests.
+ui-shots: setup
+	FORKPOINT_UI_SHOTS=docs $(PY) -m pytest -q tests/test_ui_vm.py
 
 bench: setup
 	FORKPOINT_MAX_SESSIONS=128 $(FP) bench --out bench-out

@@ -92,8 +92,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(run.stdout[-5000:] + run.stderr[-5000:])
         print("e2b-suite: pytest reported no outcomes")
         return 2
-    verdict = report(results, expected_failures(), minutes)
+    listed = expected_failures()
+    verdict = report(results, listed, minutes)
     if verdict:
+        for test in unexpected_failures(results, listed):
+            print(f"--- {test} ---\n{failure_section(run.stdout, test)[-3000:]}")
         gateway_log.seek(0)
         print("the gateway's log (its end):\n" + gateway_log.read().decode()[-4000:])
     return verdict
@@ -145,14 +148,34 @@ def _delete_templates(env: dict[str, str], keep: set[str]) -> None:
         print(f"e2b-suite: the templates it built were not all deleted: {error!r}")
 
 
+def failures(results: dict[str, str]) -> set[str]:
+    return {t for t, o in results.items() if o in ("FAILED", "ERROR")}
+
+
+def unexpected_failures(results: dict[str, str], listed: dict[str, str]) -> list[str]:
+    return sorted(failures(results) - set(listed))
+
+
+def failure_section(output: str, test: str) -> str:
+    """What pytest printed about ``test``'s failure (its ``____ name ____`` section)."""
+    name = test.split("::")[-1]
+    sections = re.split(r"^_{3,} (?:ERROR at \w+ of )?(\S+) _{3,}$", output, flags=re.M)
+    found = [
+        re.split(r"^={5,}", body, flags=re.M)[0]  # up to pytest's next summary rule
+        for header, body in zip(sections[1::2], sections[2::2], strict=True)
+        if header == name
+    ]
+    return "\n".join(found) or "(pytest printed no section for it)"
+
+
 def report(results: dict[str, str], listed: dict[str, str], minutes: float) -> int:
     per_folder: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for test, outcome in results.items():
         per_folder[test.split("::")[0].rsplit("/", 1)[0]][outcome] += 1
     for folder, counts in sorted(per_folder.items()):
         print(f"{folder}: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())))
-    failed = {t for t, o in results.items() if o in ("FAILED", "ERROR")}
-    unexpected = sorted(failed - set(listed))
+    failed = failures(results)
+    unexpected = unexpected_failures(results, listed)
     fixed = sorted(t for t in listed if results.get(t) == "PASSED")
     for test in unexpected:
         print(f"UNEXPECTED FAILURE {test}")

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from forkpoint.browser import compose_overview, diff_images, find_boxes
+from forkpoint.browser import compose_overview, diff_images, diff_pngs, find_boxes
 from forkpoint.browser.diff import Box
 from forkpoint.errors import InvalidInput
 
@@ -118,6 +118,18 @@ def test_diff_image_has_a_size_and_marks_differences(tmp_path: Path) -> None:
     faded = rgb.getpixel((10, 10))  # unchanged blue, faded grey over white
     assert isinstance(faded, tuple) and faded[0] == faded[1] == faded[2] and faded[0] > 150
     assert rgb.getpixel((148, 70)) != rgb.getpixel((120, 90))  # the outline left of the box
+
+
+def test_pngs_in_memory_diff_as_their_files_do(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    ImageDraw.Draw(b).rectangle((150, 60, 169, 79), fill=(0, 200, 0))
+    pa, pb = _save(a, tmp_path / "a.png"), _save(b, tmp_path / "b.png")
+    on_disk = diff_images(pa, pb, out=tmp_path / "d.png")
+    in_memory, overlay = diff_pngs(pa.read_bytes(), pb.read_bytes())
+    assert in_memory.to_dict() == on_disk.to_dict() and in_memory.out is None
+    assert overlay == (tmp_path / "d.png").read_bytes()
+    with pytest.raises(InvalidInput, match="not a readable image: the second image"):
+        diff_pngs(pa.read_bytes(), b"not a png")
 
 
 def test_worst_case_1280x800_is_fast(tmp_path: Path) -> None:

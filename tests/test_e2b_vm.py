@@ -9,6 +9,7 @@ rename/signed URLs) — written for forkpoint, not copied.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -55,6 +56,12 @@ def _ids(state: SandboxState) -> set[str]:
     return {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[state])).next_items()}
 
 
+def _restore_event(sbx: Sandbox) -> str:
+    """What the sandbox's latest restore was, as its processes read it."""
+    event: str = json.loads(sbx.files.read("/run/forkpoint/restore.json"))["event"]
+    return event
+
+
 def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) -> None:
     sbx = Sandbox.create(timeout=600, metadata={"who": "test"}, envs={"GREETING": "hi"})
     extra: list[str] = []
@@ -74,6 +81,7 @@ def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) 
         with pytest.raises(NotFoundException):
             sbx.files.read("/no/such/file")
         assert httpx.get(sbx.download_url("/etc/hostname")).text == hostname
+        assert _restore_event(sbx) == "create"  # the guest's processes can know (#31)
 
         # every envd call needs this sandbox's own access token
         wrong = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "x"}
@@ -98,12 +106,14 @@ def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) 
 
         resumed = Sandbox.connect(sbx.sandbox_id)
         assert resumed.sandbox_id == sbx.sandbox_id and resumed.is_running()
+        assert _restore_event(resumed) == "resume"
 
         forks = sbx.fork(count=2)
         assert all(isinstance(f, Sandbox) for f in forks), forks
         extra += [f.sandbox_id for f in forks if isinstance(f, Sandbox)]
         assert len(set(extra)) == 2 and sbx.sandbox_id not in extra
         assert all(f.is_running() for f in forks if isinstance(f, Sandbox))
+        assert [_restore_event(f) for f in forks if isinstance(f, Sandbox)] == ["fork", "fork"]
 
         from_snapshot = Sandbox.create(snapshot.snapshot_id, timeout=600)
         extra.append(from_snapshot.sandbox_id)
@@ -117,6 +127,7 @@ def test_lifecycle_pause_connect_fork_snapshots_rollback_kill(gateway: Gateway) 
         assert rolled.status_code == 200, rolled.text
         assert rolled.json()["sandboxID"] == sbx.sandbox_id
         assert sbx.is_running()
+        assert _restore_event(sbx) == "rollback"
 
         other = sbx.create_snapshot()
         assert Sandbox.delete_snapshot(other.snapshot_id) is True
@@ -316,9 +327,12 @@ def test_base_has_e2b_tools_and_ports_speak_https(sbx: Sandbox) -> None:
     """E2B's `base`: python (3.11+) with pip and venv, node and npm, curl, git, sudo for
     `user`; a port reached as https://<port>-<id>.localhost:… with the unmodified httpx,
     trusting forkpoint's CA only through the variables `forkpoint e2b env` exports."""
+    # venv without pip: its ensurepip step alone took 45-55 s of TCG (pip is checked above).
     versions = sbx.commands.run(
         "python --version && pip --version && node --version && npm --version && "
-        "curl --version && git --version && sudo -n true && python -m venv /tmp/v && echo ok"
+        "curl --version && git --version && sudo -n true && python -m venv --without-pip /tmp/v "
+        "&& /tmp/v/bin/python -c 'import sys; assert sys.prefix != sys.base_prefix' && echo ok",
+        timeout=180,
     )
     assert versions.stdout.startswith("Python 3.1") and versions.stdout.endswith("ok\n")
     assert int(versions.stdout.split()[1].split(".")[1]) >= 11

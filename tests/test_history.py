@@ -243,7 +243,9 @@ def test_page_login_works_once_and_guards_writes(tmp_path: Path) -> None:
                 page = await browser.get("/ui")
                 assert page.status_code == 200 and '<h2 id="tree-h">Lineage</h2>' in page.text
                 state = (await browser.get("/ui/state")).json()
+                host = state.pop("host")
                 assert state == {"sessions": [], "checkpoints": [], "steps": {}, "events": []}
+                assert host["sessions_running"] == 0 and host["memory_total_mib"] > 0
                 # A write with the cookie needs the page's header (no cross-site forms).
                 assert (await browser.post("/v1/diff", json={"a": "x"})).status_code == 403
                 headers = {"X-Forkpoint-UI": "1"}

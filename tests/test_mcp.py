@@ -42,6 +42,9 @@ def test_tools_are_listed_and_callable(tmp_path: Path) -> None:
             listed = await client.call_tool("list_sessions", {})
             assert not listed.is_error
             assert _payload(listed) == {"sessions": []}
+            host = _payload(await client.call_tool("host_status", {}))
+            assert host["sessions_running"] == 0 and host["sessions_max"] >= 1
+            assert 0 < host["memory_available_mib"] <= host["memory_total_mib"]
 
             missing = await client.call_tool("read_file", {"session": "nope", "path": "/x"})
             assert missing.is_error

@@ -51,6 +51,8 @@ def test_derived_tools_drive_a_session() -> None:
                 assert files and all(f["ok"] for f in files), files
                 [child] = (await call("fork", checkpoint=ck["id"], count=1))["sessions"]
                 made.append(child["id"])
+                restored = await call("restore_status", session=child["id"])
+                assert (restored["event"], restored["checkpoint"]) == ("fork", ck["id"])
                 preview = await call("rollback", session=child["id"], dry_run=True)
                 # a union answer comes wrapped in "result" (MCP's structured output)
                 assert preview["result"]["source"] == ck["id"], preview

@@ -422,6 +422,17 @@ def test_a_running_server_samples_metrics(api: str, vm_ready: None) -> None:
             check=True,
         )  # fmt: skip
         assert sample.at in [m["at"] for m in json.loads(shown.stdout)]
+        # The host's room: this session runs, its guest RAM counted; the CLI agrees.
+        host = asyncio.run(AsyncSandbox.host_status(base_url=api))
+        assert host.sessions_running >= 1 and host.memory_sessions_mib >= 512
+        assert host.disk_free_bytes > host.disk_reserve_bytes > 0 and host.cpus >= 1
+        cli_host = subprocess.run(
+            [str(FORKPOINT), "host", "--json"], capture_output=True, text=True, check=True
+        )
+        assert json.loads(cli_host.stdout)["sessions_max"] == host.sessions_max
+        # The guest's own view of its restore (a create restores the image's template).
+        restored = sb.restore_status()
+        assert (restored.event, restored.session, restored.notified) == ("create", sb.id, [])
 
 
 def test_images_are_listed_built_and_removed_through_the_api(api: str) -> None:

@@ -37,9 +37,12 @@ if [ "${1:-}" = "--in-namespace" ]; then
   mkdir -p "$root/.old-root"
   cd "$root"
   pivot_root . .old-root
-  # A clean environment, but the host's proxy settings still apply.
+  # A clean environment, but the host's proxy settings still apply, and its CA bundle is
+  # the one every client trusts (httpx would otherwise use certifi's, which lacks a
+  # TLS-inspecting proxy's CA).
   proxy_env=$(env | grep -iE '^(https?|no)_proxy=' || true)
   exec chroot . /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" $proxy_env \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c 'umount -l /.old-root && rmdir /.old-root && exec "$@"' inner "$@"
 fi
@@ -109,5 +112,10 @@ fi
 started=$(date +%s)
 status=0
 unshare --mount --pid --fork --propagation private -- "$0" --in-namespace "$root" "$@" || status=$?
+# The run shares the host's network namespace, so its egress rules went into the host's
+# `inet forkpoint` table, written by this release's nft: Debian 12's nft 1.0.6 crashes
+# reading what Debian 13's 1.1 wrote. The table goes with the run's VMs (this release's
+# nft deletes it); the host's next session makes it anew.
+chroot "$root" nft delete table inet forkpoint 2>/dev/null || true
 echo "other-release ($suite): finished in $(($(date +%s) - started)) s, exit $status"
 exit $status

@@ -151,13 +151,16 @@ class HostLimits:
     image template and machine shape in use (``FORKPOINT_WARM_VMS``, default 0: none; see
     ``runtime/sessions/warm.py``). ``rollback_standbys``: sessions that keep a QEMU started ahead
     for their next rollback (``FORKPOINT_ROLLBACK_STANDBYS``, default 0; see
-    ``runtime/restore/standby.py``).
+    ``runtime/restore/standby.py``). ``restore_hook_timeout_s``: how long each of a
+    guest's restore hooks may run (``FORKPOINT_RESTORE_HOOK_TIMEOUT``, seconds, default
+    10; see ``guest/restore.py``).
     """
 
     disk_reserve: str = "1G"
     max_sessions: int = 32
     warm_vms: int = 0
     rollback_standbys: int = 0
+    restore_hook_timeout_s: int = 10
 
     @classmethod
     def from_env(cls) -> HostLimits:
@@ -167,7 +170,10 @@ class HostLimits:
         count = _env_int("FORKPOINT_MAX_SESSIONS", default.max_sessions, 1, 1 << 16)
         warm = _env_int("FORKPOINT_WARM_VMS", default.warm_vms, 0, 64)
         standbys = _env_int("FORKPOINT_ROLLBACK_STANDBYS", default.rollback_standbys, 0, 64)
-        limits = cls(reserve, count, warm, standbys)
+        hook_timeout = _env_int(
+            "FORKPOINT_RESTORE_HOOK_TIMEOUT", default.restore_hook_timeout_s, 1, 300
+        )
+        limits = cls(reserve, count, warm, standbys, hook_timeout)
         limits.reserve_bytes(1)  # fail now, not in the middle of an operation
         return limits
 

@@ -11,7 +11,13 @@ from ..protocol import (
     SpawnResult,
     StatResult,
 )
-from .client import AgentClient, OutputCallback, fresh_identity, post_identity
+from .client import (
+    AgentClient,
+    OutputCallback,
+    confirm_restore,
+    fresh_identity,
+    post_identity,
+)
 
 __all__ = [
     "AgentClient",
@@ -25,6 +31,7 @@ __all__ = [
     "RestoreIdentityResult",
     "SpawnResult",
     "StatResult",
+    "confirm_restore",
     "fresh_identity",
     "post_identity",
 ]

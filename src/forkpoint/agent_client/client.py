@@ -29,6 +29,7 @@ from ..errors import AgentError, ForkpointError, InvalidInput
 from ..polling import poll_until
 from ..protocol import (
     CHUNK_BYTES,
+    MAX_HOOK_TIMEOUT_S,
     PROTOCOL_VERSION,
     SYNC,
     SYNC_MAGIC,
@@ -66,8 +67,11 @@ from ..protocol import (
     RemoveResult,
     RenameArgs,
     Response,
+    RestoreFacts,
     RestoreIdentityArgs,
     RestoreIdentityResult,
+    RestoreStatus,
+    RestoreStatusArgs,
     ScanArgs,
     ScanResult,
     SpawnArgs,
@@ -96,7 +100,7 @@ from .streams import EventStream
 from .tunnel import TunnelReader, TunnelWriter
 from .watch import WatchStream
 
-__all__ = ["AgentClient", "OutputCallback", "fresh_identity", "post_identity"]
+__all__ = ["AgentClient", "OutputCallback", "confirm_restore", "fresh_identity", "post_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -800,6 +804,14 @@ class AgentClient:
         args = _model(KillArgs, pid=pid, signal=_signal_number(signal), group=group)
         await self._call(Op.KILL, args)
 
+    async def restore_status(self, wait_s: float = 0.0) -> RestoreStatus:
+        """What the guest made of its latest restore (generation, processes told, hooks
+        run), waiting up to ``wait_s`` for its hooks to finish."""
+        args = _model(RestoreStatusArgs, wait_s=wait_s)
+        idle = None if self._request_timeout is None else self._request_timeout + wait_s
+        resp = await self._call(Op.RESTORE_STATUS, args, timeout=idle)
+        return self._decode(RestoreStatus, resp)
+
     async def restore_identity(
         self, time_ns: int, entropy: bytes, hostname: str | None = None
     ) -> RestoreIdentityResult:
@@ -810,9 +822,29 @@ class AgentClient:
         return await self._simple(Op.RESTORE_IDENTITY, args, RestoreIdentityResult)
 
 
-def fresh_identity(token: str, hostname: str) -> RestoreIdentityArgs:
-    """The host's clock and 64 fresh random bytes, for the restore named ``token``."""
-    return RestoreIdentityArgs(time.time_ns(), os.urandom(64), hostname, token)
+def fresh_identity(
+    token: str, hostname: str, restore: RestoreFacts | None = None
+) -> RestoreIdentityArgs:
+    """The host's clock and 64 fresh random bytes, for the restore named ``token``
+    (``restore``: what it was, for the guest's processes)."""
+    return RestoreIdentityArgs(time.time_ns(), os.urandom(64), hostname, token, restore)
+
+
+async def confirm_restore(
+    path: str | os.PathLike[str],
+    identity: RestoreIdentityArgs,
+    timeout: float,
+    hook_timeout_s: float,
+) -> RestoreStatus:
+    """Hand a just-restored guest its identity and wait for what it did with it: the
+    processes told (before the hello answers) and its restore hooks run (each within
+    ``hook_timeout_s``). :raises AgentError: it did not answer within ``timeout`` s."""
+    async with await AgentClient.connect(path, timeout=timeout, identity=identity) as agent:
+        status = await agent.restore_status()
+        if status.hooks_running:
+            wait = min(hook_timeout_s * max(1, status.hooks) + 5.0, 2 * MAX_HOOK_TIMEOUT_S)
+            status = await agent.restore_status(wait_s=wait)
+        return status
 
 
 async def post_identity(

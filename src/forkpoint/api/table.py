@@ -35,7 +35,9 @@ from forkpoint.models import (
     Event,
     FileCheck,
     FileEvent,
+    GuestRestore,
     HistoryStep,
+    HostStatus,
     ImageInfo,
     Metric,
     OperationKind,
@@ -227,6 +229,14 @@ async def _processes(rt: Runtime, ids: Ids, request: None) -> list[Process]:
     return await rt.ps(ids["session_id"])
 
 
+async def _host_status(rt: Runtime, ids: Ids, request: None) -> HostStatus:
+    return await asyncio.to_thread(rt.host_status)
+
+
+async def _restore_status(rt: Runtime, ids: Ids, request: None) -> GuestRestore:
+    return await rt.restore_status(ids["session_id"])
+
+
 async def _forward_port(rt: Runtime, ids: Ids, request: PortRequest) -> Port:
     return await rt.forward_port(ids["session_id"], request.guest_port)
 
@@ -388,12 +398,29 @@ OPERATIONS: tuple[Op, ...] = (
         "events", "GET", "/events", _events, "What happened to sessions", "sessions",
         EventsRequest, list[Event], mcp=True,
         description="Sessions' lifecycle events in order (created, forked, checkpointed, "
-        "rolled_back, paused, resumed, removed, expired), whoever caused them; ask again "
+        "rolled_back, paused, resumed, removed, expired, restore_hook_failed), whoever "
+        "caused them; ask again "
         "with after=<the last id seen>; wait (s) waits for the next. GET /v1/events/stream "
         "is the same as server-sent events.",
     ),
     Op("processes", "GET", f"{_S}/processes", _processes, "A session's processes",
        "commands", response=list[Process]),
+    Op(
+        "host_status", "GET", "/host", _host_status, "The host's room against the limits",
+        "sessions", response=HostStatus, mcp=True,
+        description="How many sessions run and may run, the host's memory (available, "
+        "and given to running guests) and free disk against the reserve, and the VMs "
+        "started ahead (warm VMs, rollback standbys): whether there is room for more.",
+    ),
+    Op(
+        "restore_status", "GET", f"{_S}/restore", _restore_status,
+        "What the guest made of its latest restore", "commands", response=GuestRestore,
+        mcp=True,
+        description="The guest's view of its latest restore (create, fork, rollback, "
+        "resume): its generation, the processes it signalled (those registered under "
+        "/run/forkpoint/notify, e.g. with forkpoint_guest.on_restore) and each "
+        "/etc/forkpoint/restore.d hook's exit status.",
+    ),
     Op("type_into_terminal", "POST", f"{_S}/terminals/{{pid}}/input", _type_into_terminal,
        "Type into a terminal", "terminals", TerminalInputRequest, status=204),
     Op("resize_terminal", "POST", f"{_S}/terminals/{{pid}}/size", _resize_terminal,

@@ -168,6 +168,12 @@ def fanout_rows(result: Mapping[str, Any]) -> list[list[str]]:
         p50(fanout.get("rollback_standby")),
         "ms",
     )
+    row(
+        "fork1_listeners",
+        "fork x1 whose guest has a process to tell",
+        p50(fanout.get("fork1_listeners")),
+        "ms",
+    )
     gib = next((r for r in result.get("scaling", []) if r["in_use_mib"] >= 1024), None)
     if gib and gib.get("pause_p50_ms") is not None:
         row("pause_1gib", "checkpoint pause, 1 GiB written", gib["pause_p50_ms"], "ms")

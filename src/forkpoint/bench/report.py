@@ -15,7 +15,8 @@
     fanout     {density: {"20"|"100": {forks, qemu_mib, helper_mib, per_fork_mib, total_mib,
                idle_cpu_pct, window_s}}, fork100: {op, ready: Summary, serving, count},
                create_warm: Summary, fork20_warm: {op, ready: Summary}, fork100_warm: like
-               fork100} -- live idle
+               fork100, fork1_listeners: Summary (a fork that waits for its guest to tell
+               a registered process)} -- live idle
                forks' PSS and CPU per VM; fork x100 when the host allows it; a create and a
                fork x20 that take warm VMs (runtime/sessions/warm.py)
     cli        {ls, show, exec}: {p50_ms, p95_ms, n} -- wall time of one ``forkpoint`` process

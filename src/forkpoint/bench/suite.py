@@ -27,7 +27,7 @@ from forkpoint.models import Session
 from forkpoint.polling import poll_until
 from forkpoint.runtime import Runtime
 from forkpoint.runtime.capacity import host_limits
-from forkpoint.runtime.sessions.machines import boot_files
+from forkpoint.runtime.sessions.machines import boot_files, has_restore_listeners
 from forkpoint.store import SessionRecord, Store
 from forkpoint.vm import BootFiles, MachineShape, detect_accel
 
@@ -61,6 +61,8 @@ SERVER_CODE = (
 )
 _SERVER_CMD = ["python3", "-S", "-c", SERVER_CODE]
 _SERVER_TIMEOUT_S = 120.0
+# A process that asks to be told of every restore (guest/restore.py), and does nothing.
+_LISTENER = "import forkpoint_guest, time\nforkpoint_guest.on_restore(print)\ntime.sleep(1e9)"
 _SERVING_TIMEOUT_S = 15.0
 _FAN_SERVING_TIMEOUT_S = 180.0  # 100 TCG guests re-translating on 2 cores
 _FORK_BUDGET_MIB = 160  # host memory a fork may need at most while it settles
@@ -179,6 +181,12 @@ class Suite:
             ops[f"fork{count}"], ready[f"fork{count}"] = await self._repeat(
                 f"fork{count}", plan.reps, functools.partial(self._fork, checkpoint.id, count)
             )
+
+        # The same fork when the guest has a process to tell of it (it waits for that).
+        told = await self._checkpoint_with_listener(server.id)
+        fanout["fork1_listeners"], _ = await self._repeat(
+            "fork1 (restore listeners)", plan.reps, functools.partial(self._fork, told, 1)
+        )
 
         wide = plan.fork_wide
         fanned = await self._fan_out(checkpoint.id, wide, plan.fork20_reps)
@@ -304,6 +312,21 @@ class Suite:
         self._checkpoints.append(checkpoint.id)
         await self._remove_checkpoint(checkpoint.id)
         return ms, ms  # the VM runs on throughout
+
+    async def _checkpoint_with_listener(self, session_id: str) -> str:
+        """A checkpoint of ``session_id`` while a process waits to be told of restores
+        (``forkpoint_guest.on_restore``), so its restores wait for the guest to tell it."""
+        await self.runtime.spawn(session_id, ["python3", "-c", _LISTENER])
+        deadline = time.monotonic() + _SERVER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            checkpoint = await self.runtime.checkpoint(session_id)
+            self._checkpoints.append(checkpoint.id)
+            record = await asyncio.to_thread(self.runtime.store.get_checkpoint, checkpoint.id)
+            if has_restore_listeners(record):
+                return checkpoint.id
+            await self._remove_checkpoint(checkpoint.id)
+            await asyncio.sleep(0.5)  # the listener is still starting
+        raise InternalError("the guest never had a restore listener to checkpoint")
 
     async def _fork_sessions(self, checkpoint_id: str, count: int) -> list[Session]:
         """The forks that started; a fork that failed is logged and counted, not fatal

@@ -12,17 +12,19 @@ different 1280×800 image is 800 runs.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from PIL import Image, ImageChops, ImageDraw, UnidentifiedImageError
 
 from forkpoint.browser._files import save_png
 from forkpoint.errors import InvalidInput
 
-__all__ = ["Box", "DiffResult", "diff_images", "find_boxes"]
+__all__ = ["Box", "DiffResult", "diff_images", "diff_pngs", "find_boxes"]
 
 #: ``(x, y, width, height)`` in pixels; x, y is the top-left pixel.
 Box = tuple[int, int, int, int]
@@ -67,18 +69,38 @@ def diff_images(a: Path, b: Path, out: Path | None = None, threshold: int = 0) -
     The diff image is A in faded grayscale with differing pixels red and each box outlined.
     Raises InvalidInput if a file is missing or not an image, or the sizes differ.
     """
+    image_a, mask, result = _compare(a, b, (str(a), str(b)), threshold)
+    if out is None:
+        return result
+    save_png(_render(image_a, mask, result.boxes), out)
+    return dataclasses.replace(result, out=out)
+
+
+def diff_pngs(a: bytes, b: bytes, threshold: int = 0) -> tuple[DiffResult, bytes]:
+    """:func:`diff_images` of two PNGs held in memory, with the diff image as PNG bytes."""
+    names = ("the first image", "the second image")
+    image_a, mask, result = _compare(io.BytesIO(a), io.BytesIO(b), names, threshold)
+    buffer = io.BytesIO()
+    _render(image_a, mask, result.boxes).save(buffer, format="PNG")
+    return result, buffer.getvalue()
+
+
+def _compare(
+    a: Path | IO[bytes], b: Path | IO[bytes], names: tuple[str, str], threshold: int
+) -> tuple[Image.Image, Image.Image, DiffResult]:
+    """A as an image, the mask of differing pixels, and the result (without ``out``)."""
     if not 0 <= threshold <= 255:
         raise InvalidInput(f"threshold must be 0..255, got {threshold}")
-    image_a, image_b = _load(a), _load(b)
+    image_a, image_b = _load(a, names[0]), _load(b, names[1])
     if image_a.size != image_b.size:
-        raise InvalidInput(f"image sizes differ: {a} is {_size(image_a)}, {b} is {_size(image_b)}")
+        raise InvalidInput(
+            f"image sizes differ: {names[0]} is {_size(image_a)}, {names[1]} is {_size(image_b)}"
+        )
     mask = _difference_mask(image_a, image_b, threshold)
     differing = mask.histogram()[255]
     boxes = find_boxes(mask) if differing else ()
-    if out is not None:
-        save_png(_render(image_a, mask, boxes), out)
     width, height = image_a.size
-    return DiffResult(differing, width * height, boxes, out)
+    return image_a, mask, DiffResult(differing, width * height, boxes)
 
 
 def find_boxes(mask: Image.Image) -> tuple[Box, ...]:
@@ -102,15 +124,15 @@ def find_boxes(mask: Image.Image) -> tuple[Box, ...]:
         boxes = merged
 
 
-def _load(path: Path) -> Image.Image:
+def _load(source: Path | IO[bytes], name: str) -> Image.Image:
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             image.load()
             return image.convert("RGBA")
     except FileNotFoundError:
-        raise InvalidInput(f"no such image: {path}") from None
+        raise InvalidInput(f"no such image: {name}") from None
     except (UnidentifiedImageError, OSError) as error:
-        raise InvalidInput(f"not a readable image: {path} ({error})") from None
+        raise InvalidInput(f"not a readable image: {name} ({error})") from None
 
 
 def _size(image: Image.Image) -> str:

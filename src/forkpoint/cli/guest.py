@@ -1,4 +1,5 @@
-"""``forkpoint exec | ps | files read|write|ls|rm``: working inside a running session."""
+"""``forkpoint exec | ps | restore-status | files read|write|ls|rm``: working inside a
+running session."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from forkpoint.cli._run import Timer, format_ms, print_table, run
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.models import FileEntry, Process
+    from forkpoint.models import FileEntry, GuestRestore, Process
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -30,6 +31,7 @@ PATH_ARG = typer.Argument(help="Absolute path inside the guest.")
 def register(app: typer.Typer) -> None:
     app.command("exec")(exec_command)
     app.command("ps")(ps_command)
+    app.command("restore-status")(restore_status_command)
     files_app = typer.Typer(
         help="Read, write, list and remove files inside a session.", no_args_is_help=True
     )
@@ -93,6 +95,39 @@ def ps_command(session: Annotated[str, SESSION_ARG], as_json: bool = JSON_OPTION
     for p in processes:
         table.add_row(str(p.pid), str(p.ppid), escape(p.cmd))
     print_table(table)
+
+
+@reports_errors
+def restore_status_command(
+    session: Annotated[str, SESSION_ARG], as_json: bool = JSON_OPTION
+) -> None:
+    """What the guest made of its latest restore (create, fork, rollback, resume): its
+    generation, the processes it signalled (registered under /run/forkpoint/notify) and
+    each /etc/forkpoint/restore.d hook's result. See docs/guest.md."""
+
+    async def op(runtime: Runtime) -> GuestRestore:
+        return await runtime.restore_status(session)
+
+    status = run(op)
+    if as_json:
+        emit_json(status)
+        return
+    if status.generation == 0:
+        console.print("not restored since it booted (generation 0)")
+        return
+    console.print(
+        f"generation {status.generation}: {status.event} from {status.checkpoint} "
+        f"at {status.at}; signalled {len(status.notified)} process(es)"
+        f"{' ' + ', '.join(map(str, status.notified)) if status.notified else ''}; "
+        f"{status.listeners} registered now"
+    )
+    for hook in status.hook_runs:
+        result = (
+            "killed at its time limit" if hook.timed_out else hook.error or f"exit {hook.exit_code}"
+        )
+        console.print(f"  hook {escape(hook.name)}: {result} ({format_ms(hook.duration_ms)})")
+    if status.hooks_running:
+        console.print("  hooks still running")
 
 
 @reports_errors

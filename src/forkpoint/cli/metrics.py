@@ -1,4 +1,5 @@
-"""``forkpoint metrics``: a session's CPU, memory and disk over the last minutes."""
+"""``forkpoint metrics``: a session's CPU, memory and disk over the last minutes;
+``forkpoint host``: the host's room against the limits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from forkpoint.cli._run import print_table, run, short_time
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 
 if TYPE_CHECKING:
-    from forkpoint.models import Metric
+    from forkpoint.models import HostStatus, Metric
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -21,6 +22,7 @@ _MIB = 1024 * 1024
 
 def register(app: typer.Typer) -> None:
     app.command("metrics")(metrics_command)
+    app.command("host")(host_command)
 
 
 @reports_errors
@@ -60,3 +62,32 @@ def metrics_command(
             f"{m.disk_used // _MIB}/{m.disk_total // _MIB} MiB",
         )  # fmt: skip
     print_table(table)
+
+
+@reports_errors
+def host_command(as_json: bool = JSON_OPTION) -> None:
+    """The host's room against forkpoint's limits: running sessions (of
+    FORKPOINT_MAX_SESSIONS), memory available and given to guests, free disk (against
+    FORKPOINT_DISK_RESERVE), and the VMs started ahead (warm VMs, rollback standbys)."""
+
+    async def op(runtime: Runtime) -> HostStatus:
+        import asyncio
+
+        return await asyncio.to_thread(runtime.host_status)
+
+    host = run(op)
+    if as_json:
+        emit_json(host)
+        return
+    gib = 1 << 30
+    rows = (
+        ("sessions", f"{host.sessions_running} running of {host.sessions_max} allowed"),
+        ("cpus", f"{host.cpus} (load {host.load_1m:g})"),
+        ("memory", f"{host.memory_available_mib} MiB available of {host.memory_total_mib} MiB; "
+                   f"{host.memory_sessions_mib} MiB given to running guests"),
+        ("disk", f"{host.disk_free_bytes / gib:.1f} GiB free, "
+                 f"{host.disk_reserve_bytes / gib:.1f} GiB kept in reserve"),
+        ("ahead", f"{host.warm_vms} warm VM(s), {host.standbys} rollback standby(s)"),
+    )  # fmt: skip
+    for name, value in rows:
+        console.print(f"[bold]{name:9}[/] {value}")

@@ -44,6 +44,7 @@ from .files import FileOps
 from .identity import IdentityOps
 from .process_table import ProcessTable
 from .procs import ProcessOps
+from .restore import ListenersPort, RestoreOps
 from .scan import ScanOps
 from .stats import guest_stats
 from .streams import StreamRegistry
@@ -104,7 +105,8 @@ class Agent:
         self._decoder = FrameDecoder(require_sync=True)
         self.files = FileOps()
         self.procs = ProcessOps(log_dir)
-        self.identity = IdentityOps(dry_run=identity_dry_run)
+        self.restores = RestoreOps()
+        self.identity = IdentityOps(self.restores, dry_run=identity_dry_run)
         self.streams = StreamRegistry()
         self.processes = ProcessTable(self.streams)
         self.tunnels = TunnelOps(self.streams)
@@ -143,6 +145,7 @@ class Agent:
             Op.WATCH_DIR: self.watches.watch,
             Op.WATCH_FLUSH: self.watches.flush,
             Op.STATS: guest_stats,
+            Op.RESTORE_STATUS: self.restores.status,
         }
 
     def _cancel_stream(self, ctx: Context, args: StreamCancelArgs) -> Empty:
@@ -264,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         transport = VirtioPortTransport(find_virtio_port(opts.port_name))
     agent = Agent(transport, log_dir=opts.log_dir, identity_dry_run=opts.identity_dry_run)
+    if not opts.connect_unix:  # in a guest: say whether a restore must wait for it
+        ListenersPort(agent.restores).start()
     try:
         agent.serve_forever()
     except KeyboardInterrupt:

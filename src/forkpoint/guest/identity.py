@@ -1,4 +1,5 @@
-"""hello (who is this agent) and restore_identity (fresh clock/RNG/hostname after a restore).
+"""hello (who is this agent) and restore_identity (fresh clock/RNG/hostname after a restore,
+then the guest's processes told: see ``restore``).
 
 A restored or forked VM resumes with the clock and RNG state of the moment it was
 checkpointed, and every fork shares them: vmgenid does not work on microvm, so the host
@@ -13,6 +14,7 @@ import fcntl
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +28,7 @@ from ..protocol import (
     RestoreIdentityResult,
 )
 from .context import Context
+from .restore import RestoreOps
 
 __all__ = ["RNDADDENTROPY", "RNDRESEEDCRNG", "IdentityOps", "boot_id"]
 
@@ -49,7 +52,14 @@ class IdentityOps:
     ``dry_run``: restore_identity only validates and reports (for running on a host).
     """
 
-    def __init__(self, *, dry_run: bool = False, hostname_file: str = "/etc/hostname") -> None:
+    def __init__(
+        self,
+        restore: RestoreOps,
+        *,
+        dry_run: bool = False,
+        hostname_file: str = "/etc/hostname",
+    ) -> None:
+        self.restore = restore
         self.dry_run = dry_run
         self.hostname_file = hostname_file
         self.applied_token: str | None = None
@@ -113,6 +123,13 @@ class IdentityOps:
                     f.write(args.hostname + "\n")
             except OSError:
                 pass  # a read-only /etc must not undo a working reseed
+        if args.restore is not None:  # last: a process told finds the new identity
+            try:
+                self.restore.restored(args.restore, args.hostname)
+            except OSError as error:  # e.g. /run full: the identity itself is applied
+                print(
+                    f"forkpoint: telling the guest of its restore failed: {error}", file=sys.stderr
+                )
         return RestoreIdentityResult(
             clock_set=True,
             clock_delta_ns=args.time_ns - before,

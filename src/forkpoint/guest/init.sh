@@ -46,6 +46,9 @@ python=python3
 [ -x /opt/forkpoint/bin/python3 ] && python=/opt/forkpoint/bin/python3
 echo "forkpoint: python3 $($python -V 2>&1)"
 mkdir -p /var/log
+# The restore contract (guest/restore.py): anyone may register to be told of a restore.
+mkdir -p /run/forkpoint/notify && chmod 1777 /run/forkpoint/notify
+[ -e /run/forkpoint/generation ] || echo 0 >/run/forkpoint/generation
 echo "FORKPOINT-READY"
 
 if [ -f /opt/forkpoint/forkpoint/guest/agent.py ]; then

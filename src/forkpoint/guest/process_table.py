@@ -174,10 +174,12 @@ class ProcessTable:
         """Stream start, then new output and the end. Raises GuestError not_found."""
         tracked = self._get(args.pid)
         stream = self._streams.open(ctx, args.window)
-        if not stream.send(EventKind.START, str(tracked.pid).encode()):
-            self._streams.close(stream)
-            raise ConnectionGone
+        # Start and subscribe under the pump's lock: once the client has the start event
+        # (and may type), every later byte of output reaches this stream, after the start.
         with tracked.lock:
+            if not stream.send(EventKind.START, str(tracked.pid).encode()):
+                self._streams.close(stream)
+                raise ConnectionGone
             if tracked.ended:
                 self._streams.close(stream)
                 return tracked.end_result()

@@ -436,6 +436,7 @@ _WRITTEN_PATHS: Final = (
     "etc/passwd", "etc/group", "etc/shadow", "etc/gshadow", "etc/sudoers.d/user", "etc/skel",
     "etc/hostname", "etc/hosts", "etc/profile", "home/user", IMAGE_CONFIG_PATH,
     "sbin/forkpoint-init", "proc", "sys", "dev", "run", "tmp", "root", "var/log",
+    "opt/forkpoint", "usr/local/bin", "etc/forkpoint/restore.d",
 )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from forkpoint.errors import InvalidInput, UnknownPackage
 
@@ -106,11 +106,16 @@ def _package_root() -> Path:
     return Path(forkpoint.__file__).resolve().parent
 
 
+#: The restore contract's shell helper (``guest/lib/``), on the guest's PATH.
+GUEST_HELPER: Final = "forkpoint-guest"
+
+
 def guest_files() -> list[tuple[str, Path]]:
     """The files baked into every guest, as ``(path relative to site-packages, source)``.
 
     ``forkpoint/__init__.py``, every ``*.py`` under ``forkpoint/protocol/`` and
-    ``forkpoint/guest/``, and ``forkpoint/guest/init.sh``; sorted by relative path.
+    ``forkpoint/guest/`` (the guest library ``guest/lib/forkpoint_guest.py`` too),
+    ``forkpoint/guest/init.sh`` and the shell helper; sorted by relative path.
     """
     root = _package_root()
     found: dict[str, Path] = {"forkpoint/__init__.py": root / "__init__.py"}
@@ -119,9 +124,9 @@ def guest_files() -> list[tuple[str, Path]]:
             if "__pycache__" in path.parts:
                 continue
             found["forkpoint/" + path.relative_to(root).as_posix()] = path
-    init_sh = root / "guest" / "init.sh"
-    if init_sh.is_file():
-        found["forkpoint/guest/init.sh"] = init_sh
+    for script in (root / "guest" / "init.sh", root / "guest" / "lib" / GUEST_HELPER):
+        if script.is_file():
+            found["forkpoint/" + script.relative_to(root).as_posix()] = script
     return sorted(found.items())
 
 

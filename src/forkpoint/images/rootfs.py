@@ -20,10 +20,11 @@ import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from forkpoint.errors import ImageBuildError, UnknownPackage
 from forkpoint.images.account import add_guest_user
-from forkpoint.images.recipe import Recipe, guest_files, host_suite
+from forkpoint.images.recipe import GUEST_HELPER, Recipe, guest_files, host_suite
 from forkpoint.images.tmpdirs import remove_tree
 
 __all__ = [
@@ -194,30 +195,58 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+# Where an image's Pythons look for modules: Debian's (every 3.x) and python.org builds'.
+_SITE_DIRS: Final = (
+    "usr/lib/python3/dist-packages",
+    "usr/lib/python3*/site-packages",
+    "usr/local/lib/python3*/site-packages",
+    "usr/local/lib/python3*/dist-packages",
+)
+
+
+def _expose_guest_library(tree: Path) -> list[str]:
+    """A ``forkpoint.pth`` naming ``forkpoint_guest``'s directory in each of the image's
+    site directories, so its own Python imports it. A directory whose path leaves the
+    tree (an image's absolute symlink) is skipped, never written through."""
+    root = tree.resolve()
+    written = []
+    for pattern in _SITE_DIRS:
+        for site in sorted(tree.glob(pattern)):
+            if not site.is_dir() or not site.resolve().is_relative_to(root):
+                continue
+            pth = site / "forkpoint.pth"
+            pth.unlink(missing_ok=True)
+            pth.write_text(f"/{AGENT_ROOT}/forkpoint/guest/lib\n")
+            written.append(f"/{pth.relative_to(tree)}")
+    return written
+
+
 def install_guest_files(tree: Path, hostname: str = "forkpoint") -> list[str]:
     """Copy the guest files into ``tree`` and write the basic /etc files.
 
     Python files go to ``/opt/forkpoint/forkpoint/...``; ``guest/init.sh`` becomes
-    ``/sbin/forkpoint-init`` (mode 755). Returns the guest paths written.
+    ``/sbin/forkpoint-init`` and the restore helper ``/usr/local/bin/forkpoint-guest``
+    (mode 755); the image's Pythons find ``forkpoint_guest`` (see
+    :func:`_expose_guest_library`). Returns the guest paths written.
     """
     written: list[str] = []
-    init_sh: Path | None = None
+    scripts = {
+        "forkpoint/guest/init.sh": "sbin/forkpoint-init",
+        f"forkpoint/guest/lib/{GUEST_HELPER}": f"usr/local/bin/{GUEST_HELPER}",
+    }
     for rel, source in guest_files():
-        if rel == "forkpoint/guest/init.sh":
-            init_sh = source
-            continue
-        dest = tree / AGENT_ROOT / rel
+        dest = tree / scripts.get(rel, f"{AGENT_ROOT}/{rel}")
         dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.unlink(missing_ok=True)  # never write through an image's symlink
         shutil.copyfile(source, dest)
-        dest.chmod(0o644)
-        written.append(f"/{AGENT_ROOT}/{rel}")
-    if init_sh is None:
+        dest.chmod(0o755 if rel in scripts else 0o644)
+        written.append(f"/{dest.relative_to(tree)}")
+    if "/sbin/forkpoint-init" not in written:
         raise ImageBuildError("forkpoint/guest/init.sh is missing from the installed package")
-    init_dest = tree / "sbin" / "forkpoint-init"
-    init_dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(init_sh, init_dest)
-    init_dest.chmod(0o755)
-    written.append("/sbin/forkpoint-init")
+    written += _expose_guest_library(tree)
+    hooks = tree / "etc/forkpoint/restore.d"  # where restore hooks go (guest/restore.py)
+    hooks.mkdir(parents=True, exist_ok=True)
+    written.append("/etc/forkpoint/restore.d")
     etc = tree / "etc"
     (etc / "hostname").write_text(f"{hostname}\n")
     (etc / "hosts").write_text(

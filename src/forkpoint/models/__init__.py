@@ -45,8 +45,10 @@ if TYPE_CHECKING:
         OperationState,
     )
     from forkpoint.protocol.models import DirEntry as FileEntry
+    from forkpoint.protocol.models import HookRun as RestoreHook
     from forkpoint.protocol.models import ProcessInfo as Process
     from forkpoint.protocol.models import PtySize
+    from forkpoint.protocol.models import RestoreStatus as GuestRestore
     from forkpoint.protocol.models import SpawnResult as BackgroundProcess
     from forkpoint.protocol.models import StatResult as FileStat
     from forkpoint.protocol.models import WatchEvent as FileEvent
@@ -57,6 +59,8 @@ _LAZY = {
     "FileEntry": ("forkpoint.protocol.models", "DirEntry"),
     "Process": ("forkpoint.protocol.models", "ProcessInfo"),
     "PtySize": ("forkpoint.protocol.models", "PtySize"),
+    "GuestRestore": ("forkpoint.protocol.models", "RestoreStatus"),
+    "RestoreHook": ("forkpoint.protocol.models", "HookRun"),
     "BackgroundProcess": ("forkpoint.protocol.models", "SpawnResult"),
     "FileStat": ("forkpoint.protocol.models", "StatResult"),
     "FileEvent": ("forkpoint.protocol.models", "WatchEvent"),
@@ -120,6 +124,7 @@ __all__ = [
     "FileEvent",
     "Watcher",
     "Metric",
+    "HostStatus",
     "ImageInfo",
     "FileStat",
     "Health",
@@ -137,6 +142,8 @@ __all__ = [
     "ProcessEvent",
     "ProcessEventKind",
     "PtySize",
+    "GuestRestore",
+    "RestoreHook",
     "Session",
     "SessionState",
     "StateDiff",
@@ -235,7 +242,9 @@ class EventKind(StrEnum):
     """What happened to a session: ``created`` (from an image), ``forked`` (a new session
     from a checkpoint), ``checkpointed``, ``rolled_back`` (also an undo), ``paused``,
     ``resumed``, ``removed`` (on request) and ``expired`` (its lifetime ended: removed or
-    paused, see ``detail["then"]``)."""
+    paused, see ``detail["then"]``); ``restore_hook_failed``: one of the guest's restore
+    hooks failed or was killed at its time limit (``detail``: ``hook``, ``status``,
+    ``event``, ``generation``; the restore itself went on)."""
 
     CREATED = "created"
     FORKED = "forked"
@@ -245,6 +254,7 @@ class EventKind(StrEnum):
     RESUMED = "resumed"
     REMOVED = "removed"
     EXPIRED = "expired"
+    RESTORE_HOOK_FAILED = "restore_hook_failed"
 
 
 @dataclass(frozen=True)
@@ -279,6 +289,28 @@ class Metric:
     mem_cache: int
     disk_used: int
     disk_total: int
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """The host's room against forkpoint's limits, now. Sessions: running ones and the
+    most allowed (``FORKPOINT_MAX_SESSIONS``); memory in MiB: the host's RAM, what the
+    kernel says is still available, and the guest RAM of the running sessions; disk in
+    bytes: free on the home's filesystem and the reserve operations leave
+    (``FORKPOINT_DISK_RESERVE``); ``warm_vms``: QEMU processes started ahead (``forkpoint
+    warm``), ``standbys``: rollbacks started ahead; ``load_1m``: the host's load average."""
+
+    sessions_running: int
+    sessions_max: int
+    cpus: int
+    load_1m: float
+    memory_total_mib: int
+    memory_available_mib: int
+    memory_sessions_mib: int
+    disk_free_bytes: int
+    disk_reserve_bytes: int
+    warm_vms: int
+    standbys: int
 
 
 @dataclass(frozen=True)

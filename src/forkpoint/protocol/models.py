@@ -62,6 +62,13 @@ __all__ = [
     "RemoveResult",
     "RestoreIdentityArgs",
     "RestoreIdentityResult",
+    "RestoreFacts",
+    "RestoreStatus",
+    "RestoreStatusArgs",
+    "HookRun",
+    "RESTORE_EVENTS",
+    "RESTORE_LISTENERS_PORT",
+    "MAX_HOOK_TIMEOUT_S",
     "SpawnArgs",
     "SpawnResult",
     "StatArgs",
@@ -132,6 +139,8 @@ class Op(StrEnum):
     WATCH_FLUSH = "watch_flush"
     # the guest's memory and root filesystem use, for a session's metrics
     STATS = "stats"
+    # what the guest made of its latest restore: generation, processes told, hooks run
+    RESTORE_STATUS = "restore_status"
 
 
 def _check_path(path: str, what: str = "path") -> None:
@@ -495,17 +504,50 @@ class KillArgs:
             raise ValueError("signal must be 0..64")
 
 
+#: What a restore was, as the guest's processes are told (``RestoreFacts.event``).
+RESTORE_EVENTS: Final = ("create", "fork", "rollback", "resume")
+#: The virtio-serial port a guest holds open while it has processes or hooks to tell of a
+#: restore: QEMU shows the host whether it is open, with no round trip to the guest.
+RESTORE_LISTENERS_PORT: Final = "restore-listeners"
+#: The longest one restore hook may be given.
+MAX_HOOK_TIMEOUT_S: Final = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreFacts:
+    """What a restore was, for the guest's processes: ``event`` (one of
+    :data:`RESTORE_EVENTS`), the ``checkpoint`` it came from and the ``session`` the VM is
+    now; ``hook_timeout_s``: how long each hook in ``/etc/forkpoint/restore.d`` may run."""
+
+    event: str
+    session: str
+    checkpoint: str
+    hook_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.event not in RESTORE_EVENTS:
+            raise ValueError(f"event must be one of {', '.join(RESTORE_EVENTS)}")
+        for name in ("session", "checkpoint"):
+            if not 1 <= len(getattr(self, name)) <= 128:
+                raise ValueError(f"{name} must be 1..128 characters")
+        if not 0 < self.hook_timeout_s <= MAX_HOOK_TIMEOUT_S:
+            raise ValueError(f"hook_timeout_s must be in (0, {MAX_HOOK_TIMEOUT_S:g}]")
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreIdentityArgs:
     """Fresh identity after a restore: wall clock (ns since the epoch), entropy, hostname.
 
     ``token`` names the restore it belongs to: an agent applies each token once.
+    ``restore``: what the restore was; the agent then tells the guest's processes (see
+    ``guest/restore.py``).
     """
 
     time_ns: int
     entropy: bytes
     hostname: str | None = None
     token: str | None = None
+    restore: RestoreFacts | None = None
 
     def __post_init__(self) -> None:
         if not _MIN_TIME_NS <= self.time_ns <= _MAX_TIME_NS:
@@ -530,6 +572,53 @@ class RestoreIdentityResult:
     reseeded: bool
     hostname: str | None
     dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreStatusArgs:
+    """Wait up to ``wait_s`` for the latest restore's hooks to finish."""
+
+    wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.wait_s <= 2 * MAX_HOOK_TIMEOUT_S:
+            raise ValueError(f"wait_s must be 0..{2 * MAX_HOOK_TIMEOUT_S:g}")
+
+
+@dataclass(frozen=True, slots=True)
+class HookRun:
+    """One restore hook's run: its file name, exit status (None: killed at its time
+    limit, or it could not start: see ``error``) and how long it took."""
+
+    name: str
+    exit_code: int | None
+    duration_ms: float
+    timed_out: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreStatus:
+    """The guest's view of its latest restore. ``generation`` counts the restores along
+    this VM's lineage (0: never restored since it booted); ``notified``: the pids that
+    were sent their signal; ``listeners``: processes registered now; ``hooks``: the
+    executable hooks in ``/etc/forkpoint/restore.d`` now; ``hook_runs``: those of the
+    latest restore, ``hooks_running`` while they still run."""
+
+    generation: int
+    event: str | None = None
+    session: str | None = None
+    checkpoint: str | None = None
+    at: str | None = None
+    notified: list[int] = field(default_factory=list)
+    listeners: int = 0
+    hooks: int = 0
+    hooks_running: bool = False
+    hook_runs: list[HookRun] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -868,5 +957,6 @@ OPS: Final[dict[Op, tuple[type, type]]] = {
     Op.WATCH_DIR: (WatchDirArgs, WatchEndResult),
     Op.WATCH_FLUSH: (WatchFlushArgs, Empty),
     Op.STATS: (Empty, GuestStats),
+    Op.RESTORE_STATUS: (RestoreStatusArgs, RestoreStatus),
 }
 """Args and result model of each op."""

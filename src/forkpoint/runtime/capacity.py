@@ -12,15 +12,23 @@ inserts the session (:meth:`~forkpoint.store.Store.insert_session`).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from forkpoint.config import Home, HostLimits
 from forkpoint.errors import InvalidInput, LimitExceeded
+from forkpoint.models import HostStatus, SessionState
+from forkpoint.store import Store
+from forkpoint.store.standby import StandbyStore
+from forkpoint.store.warm import WarmStore
+
+from .hostfit import MEMINFO, meminfo_mib
 
 __all__ = [
     "CHECKPOINT_OVERHEAD_BYTES",
     "SESSION_BYTES",
     "checkpoint_bytes",
     "host_limits",
+    "host_status",
     "require_space",
 ]
 
@@ -42,6 +50,24 @@ def host_limits() -> HostLimits:
 def checkpoint_bytes(memory_mib: int) -> int:
     """At most what a checkpoint of a guest with ``memory_mib`` of RAM writes."""
     return (memory_mib << 20) + CHECKPOINT_OVERHEAD_BYTES
+
+
+def host_status(home: Home, store: Store, meminfo: Path = MEMINFO) -> HostStatus:
+    """The host's room now, against the limits (one store read of the sessions)."""
+    limits = host_limits()
+    running = [s for s in store.list_sessions() if s.state == SessionState.RUNNING]
+    fs = os.statvfs(home.root)
+    memory = meminfo_mib(meminfo)
+    return HostStatus(
+        sessions_running=len(running), sessions_max=limits.max_sessions,
+        cpus=len(os.sched_getaffinity(0)), load_1m=round(os.getloadavg()[0], 2),
+        memory_total_mib=memory.get("MemTotal", 0),
+        memory_available_mib=memory.get("MemAvailable", 0),
+        memory_sessions_mib=sum(s.memory_mib for s in running),
+        disk_free_bytes=fs.f_bavail * fs.f_frsize,
+        disk_reserve_bytes=limits.reserve_bytes(fs.f_blocks * fs.f_frsize),
+        warm_vms=len(WarmStore(store).all()), standbys=len(StandbyStore(store).all()),
+    )  # fmt: skip
 
 
 def require_space(home: Home, need_bytes: int, what: str) -> None:

@@ -18,10 +18,20 @@ from typing import Any, ParamSpec, TypeVar
 
 from forkpoint.errors import ForkpointError, InvalidInput, NotFound
 from forkpoint.models import Checkpoint, Event, EventKind, Session
+from forkpoint.protocol import RestoreStatus
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.store.events import EventsStore, NewEvent
 
-__all__ = ["MAX_EVENTS", "Events", "became", "checkpointed", "created", "forked", "removed"]
+__all__ = [
+    "MAX_EVENTS",
+    "Events",
+    "became",
+    "checkpointed",
+    "created",
+    "forked",
+    "record_hook_failures",
+    "removed",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -129,3 +139,29 @@ def became(kind: EventKind) -> Callable[..., list[NewEvent]]:
 
 def removed(session_id: str, *_: Any, **__: Any) -> list[NewEvent]:
     return [(EventKind.REMOVED, session_id, None, {})]
+
+
+def record_hook_failures(
+    context: RuntimeContext, session_id: str, guest: RestoreStatus | None
+) -> None:
+    """Record the restore hooks that failed in the restore ``guest`` reports (blocking);
+    called as the restore finishes, so they come before its own event."""
+    if guest is None:
+        return
+    EventsStore(context.store).add(
+        (
+            EventKind.RESTORE_HOOK_FAILED,
+            session_id,
+            guest.checkpoint,
+            {
+                "hook": run.name,
+                "status": "killed at its time limit"
+                if run.timed_out
+                else (run.error or f"exit {run.exit_code}"),
+                "event": guest.event or "",
+                "generation": str(guest.generation),
+            },
+        )
+        for run in guest.hook_runs
+        if not run.ok
+    )

@@ -7,16 +7,24 @@ from pathlib import Path
 
 from forkpoint.errors import Conflict
 
-__all__ = ["check_host_fits", "host_memory_mib"]
+__all__ = ["check_host_fits", "host_memory_mib", "meminfo_mib"]
+
+MEMINFO = Path("/proc/meminfo")
 
 
-def host_memory_mib(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """RAM plus swap, in MiB: the most one VM's guest RAM can ever be backed by."""
+def meminfo_mib(meminfo: Path = MEMINFO) -> dict[str, int]:
+    """``/proc/meminfo``'s sizes in MiB, by name (``MemTotal``, ``MemAvailable``, …)."""
     fields = {}
     for line in meminfo.read_text().splitlines():
         name, _, rest = line.partition(":")
-        fields[name] = int(rest.split()[0]) if rest.split() else 0
-    return (fields.get("MemTotal", 0) + fields.get("SwapTotal", 0)) // 1024
+        fields[name] = int(rest.split()[0]) // 1024 if rest.split() else 0
+    return fields
+
+
+def host_memory_mib(meminfo: Path = MEMINFO) -> int:
+    """RAM plus swap, in MiB: the most one VM's guest RAM can ever be backed by."""
+    fields = meminfo_mib(meminfo)
+    return fields.get("MemTotal", 0) + fields.get("SwapTotal", 0)
 
 
 def check_host_fits(memory_mib: int, cpus: int) -> None:

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 
 from forkpoint.config import Home
 from forkpoint.errors import Conflict, ForkpointError, NotFound
-from forkpoint.models import Checkpoint, CheckpointKind, Metric, Network, Session, SessionState
+from forkpoint.models import (
+    Checkpoint,
+    CheckpointKind,
+    HostStatus,
+    Metric,
+    Network,
+    Session,
+    SessionState,
+)
 from forkpoint.runtime.models import checkpoint_of, session_of
 from forkpoint.runtime.usage import checkpoint_disk_bytes, session_disk_bytes
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
@@ -121,6 +129,12 @@ class Queries:
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         return self.checkpoint_of(self.store.get_checkpoint(checkpoint))
+
+    def host_status(self) -> HostStatus:
+        """The host's room now against the limits (sessions, memory, disk, VMs ahead)."""
+        from .capacity import host_status
+
+        return host_status(self.home, self.store)
 
     def latest_metrics(self) -> dict[str, Metric]:
         """Each session's last metrics sample (taken while a long-lived door runs), by id."""

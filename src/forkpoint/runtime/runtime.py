@@ -131,6 +131,7 @@ class Runtime(Queries):
         self.rename = guest.rename
         self.remove_file = guest.remove_file
         self.ps = guest.ps
+        self.restore_status = guest.restore_status
         self.kill_process = guest.kill_process
         self.start_process = guest.start_process
         self.attach_process = guest.attach_process

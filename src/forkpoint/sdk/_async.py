@@ -24,7 +24,9 @@ from forkpoint.models import (
     FileCheck,
     FileEntry,
     FileEvent,
+    GuestRestore,
     HistoryStep,
+    HostStatus,
     ImageInfo,
     Metric,
     Network,
@@ -399,6 +401,19 @@ class AsyncSandbox:
             return await client.list_sessions()
 
     @classmethod
+    async def host_status(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> HostStatus:
+        """The host's room against the limits: running sessions and the most allowed,
+        memory available and given to guests, free disk and the reserve, VMs started ahead."""
+        async with ApiClient.held(base_url, token, runtime) as client:
+            return await client.host_status()
+
+    @classmethod
     async def list_images(
         cls,
         *,
@@ -561,6 +576,11 @@ class AsyncSandbox:
         oldest first: taken every 5 s while a long-lived door (``forkpoint serve``) runs,
         kept an hour."""
         return await self._client.metrics(self.id, start, end)
+
+    async def restore_status(self) -> GuestRestore:
+        """What the guest made of its latest restore (create, fork, rollback, resume):
+        its generation, the processes it signalled, its restore hooks' results."""
+        return await self._client.restore_status(self.id)
 
     async def history(self) -> list[HistoryStep]:
         """The steps of a session created with ``history=True``, oldest first.

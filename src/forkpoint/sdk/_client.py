@@ -47,7 +47,9 @@ from forkpoint.models import (
     Event,
     FileCheck,
     FileEntry,
+    GuestRestore,
     HistoryStep,
+    HostStatus,
     ImageInfo,
     Metric,
     Port,
@@ -216,6 +218,10 @@ class ApiClient:
 
     # -- images ------------------------------------------------------------------------
 
+    async def host_status(self) -> HostStatus:
+        status: HostStatus = await self.call("host_status")
+        return status
+
     async def images(self) -> list[ImageInfo]:
         listed: list[ImageInfo] = await self.call("list_images")
         return listed
@@ -328,6 +334,10 @@ class ApiClient:
     async def ps(self, session: str) -> list[Process]:
         processes: list[Process] = await self.call("processes", session)
         return processes
+
+    async def restore_status(self, session: str) -> GuestRestore:
+        status: GuestRestore = await self.call("restore_status", session)
+        return status
 
     async def kill_process(self, session: str, pid: int, signal: int | str) -> None:
         path = f"/sessions/{_seg(session)}/processes/{int(pid)}"

@@ -16,7 +16,9 @@ from forkpoint.models import (
     FileCheck,
     FileEntry,
     FileEvent,
+    GuestRestore,
     HistoryStep,
+    HostStatus,
     ImageInfo,
     Metric,
     Network,
@@ -150,6 +152,14 @@ class Sandbox(SyncTwin):
         runtime: Runtime | None = None,
     ) -> list[Session]: ...
     @classmethod
+    def host_status(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> HostStatus: ...
+    @classmethod
     def list_images(
         cls,
         *,
@@ -226,6 +236,7 @@ class Sandbox(SyncTwin):
     def metrics(
         self, start: datetime | None = None, end: datetime | None = None
     ) -> list[Metric]: ...
+    def restore_status(self) -> GuestRestore: ...
     def history(self) -> list[HistoryStep]: ...
     def undo(self, steps: int = 1) -> None: ...
     def kill(self) -> None: ...

@@ -55,6 +55,7 @@ from forkpoint.models import (
     to_json_data,
 )
 from forkpoint.requests import (
+    MAX_EVENT_ID,
     BackgroundExecRequest,
     ExecRequest,
     GuestPath,
@@ -381,11 +382,13 @@ def _router(
         summary="Follow what happens to sessions (server-sent events)",
     )
     async def stream_events(
-        after: Annotated[int, Query(ge=0, description="Start after this event id.")] = 0,
+        after: Annotated[
+            int, Query(ge=0, le=MAX_EVENT_ID, description="Start after this event id.")
+        ] = 0,
         session: Annotated[
             str | None, Query(pattern=NAME_PATTERN, description="One session's only.")
         ] = None,
-        last_event_id: Annotated[int | None, Header(ge=0)] = None,
+        last_event_id: Annotated[int | None, Header(ge=0, le=MAX_EVENT_ID)] = None,
     ) -> StreamingResponse:
         start = after if last_event_id is None else last_event_id  # a reconnecting browser
 
@@ -543,6 +546,7 @@ _SESSION_TARGETS = {
     "resume": {},
     "create_watcher": {},
     "metrics": {},
+    "restore_status": {},
     "set_egress": {},
 }
 

@@ -13,21 +13,21 @@ from __future__ import annotations
 import asyncio
 import hmac
 import secrets
-import tempfile
 from http.cookies import SimpleCookie
-from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from forkpoint.errors import NotFound
+from forkpoint.errors import InvalidInput, NotFound
 from forkpoint.models import SessionState, to_json_data
 from forkpoint.runtime import Runtime
 
 from .middleware import send_error
 from .ui_page import PAGE
+from .ui_shots import Shelf, Shot, grid_sessions
+from .vendor import vendored
 
 __all__ = ["UiLogin", "ui_router"]
 
@@ -36,8 +36,14 @@ _EVENTS_SHOWN = 12
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
+SessionRef = Annotated[str, Path(min_length=1, max_length=128)]
+GuestPort = Annotated[int, Query(ge=1, le=65535)]
+PagePath = Annotated[str, Query(min_length=1, max_length=2048)]
+
+
 def ui_router(runtime: Runtime) -> APIRouter:
     r = APIRouter(prefix="/ui", include_in_schema=False)
+    shelf = Shelf()
 
     @r.get("", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
@@ -49,24 +55,77 @@ def ui_router(runtime: Runtime) -> APIRouter:
         the latest events, for the page."""
         return await asyncio.to_thread(_state, runtime)
 
-    @r.get("/screenshot")
-    async def screenshot(
-        session: Annotated[str, Query(min_length=1, max_length=128)],
-        port: Annotated[int, Query(ge=1, le=65535)],
-    ) -> Response:
-        """A thumbnail of a forwarded web port, taken now (chromium, headless)."""
-        from forkpoint.browser import screenshot_async
+    @r.post("/shots/{session}")
+    async def take_shot(
+        session: SessionRef, port: GuestPort, path: PagePath = "/"
+    ) -> dict[str, Any]:
+        """Screenshot a session's forwarded web port now (kept for the grid)."""
+        shot = await shelf.take(runtime, session, port, path)
+        return {"shot": shot.number, "taken_at": shot.taken_at}
 
-        info = await asyncio.to_thread(runtime.get, session)
-        forward = info.port(port)
-        if forward is None:
-            raise NotFound(f"session {info.id} forwards no guest port {port}")
-        with tempfile.TemporaryDirectory() as scratch:
-            out = Path(scratch) / "shot.png"
-            await screenshot_async(forward.url, out, width=800, height=500, timeout_s=20)
-            return Response(await asyncio.to_thread(out.read_bytes), media_type="image/png")
+    @r.get("/shots/{session}")
+    async def shot_png(session: SessionRef, port: GuestPort) -> Response:
+        """The session's latest shot of ``port``."""
+        return _png(_kept(shelf, session, port).png)
+
+    @r.get("/shots/{session}/overlay")
+    async def shot_overlay(session: SessionRef, port: GuestPort, parent: SessionRef) -> Response:
+        """Where the session's shot differs from ``parent``'s: the demo's diff image."""
+        shot, parent_shot = _kept(shelf, session, port), _kept(shelf, parent, port)
+        compared = await asyncio.to_thread(shelf.compare, shot, parent_shot)
+        return _png(compared.overlay)
+
+    @r.get("/grid")
+    async def grid(
+        port: GuestPort,
+        checkpoint: Annotated[str | None, Query(max_length=128)] = None,
+        sessions: Annotated[str | None, Query(max_length=4096)] = None,
+    ) -> dict[str, Any]:
+        """Sessions side by side: a checkpoint's (the one that took it, then its forks)
+        or a comma-separated list; each with its kept shot and how much it differs from
+        the parent's (the checkpoint's session, or the list's first)."""
+        return await asyncio.to_thread(_grid, runtime, shelf, port, checkpoint, sessions)
+
+    @r.get("/vendor/{name}")
+    async def vendor_file(name: str) -> Response:
+        """xterm.js and its stylesheet, vendored at build time (``vendor.py``)."""
+        path = vendored(name)
+        if path is None:
+            raise NotFound(f"{name} is not vendored here (make setup fetches it)")
+        media = "text/css" if name.endswith(".css") else "text/javascript"
+        return Response(
+            await asyncio.to_thread(path.read_bytes), media_type=media,
+            headers={"Cache-Control": "private, max-age=3600"},
+        )  # fmt: skip
 
     return r
+
+
+def _kept(shelf: Shelf, session: str, port: int) -> Shot:
+    shot = shelf.get(session, port)
+    if shot is None:
+        raise NotFound(f"no screenshot of session {session}'s port {port} yet")
+    return shot
+
+
+def _png(data: bytes) -> Response:
+    return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=600"})
+
+
+def _grid(
+    runtime: Runtime, shelf: Shelf, port: int, checkpoint: str | None, listed: str | None
+) -> dict[str, Any]:
+    if (checkpoint is None) == (listed is None):
+        raise InvalidInput("give one of checkpoint= or sessions=")
+    if checkpoint is not None:
+        shown = [s for s in runtime.list_sessions() if s.id not in runtime.scratch_sessions]
+        parent, sessions = grid_sessions(
+            runtime.get_checkpoint(checkpoint), shown, runtime.list_checkpoints()
+        )
+    else:
+        sessions = [runtime.get(ref) for ref in (listed or "").split(",") if ref]
+        parent = sessions[0].id if sessions else None
+    return {"port": port, "parent": parent, "cells": shelf.grid(sessions, parent, port)}
 
 
 def _state(runtime: Runtime) -> dict[str, Any]:
@@ -84,6 +143,7 @@ def _state(runtime: Runtime) -> dict[str, Any]:
     return {
         "sessions": sessions, "checkpoints": checkpoints, "steps": runtime.step_labels(),
         "events": to_json_data(runtime.recent_events(_EVENTS_SHOWN)),
+        "host": to_json_data(runtime.host_status()),
     }  # fmt: skip
 
 

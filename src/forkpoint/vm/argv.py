@@ -15,7 +15,11 @@ from forkpoint.vm.files import VmFiles
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.shape import BootFiles, MachineShape
 
-__all__ = ["TCG_TB_MIB", "build_argv", "guest_cmdline"]
+__all__ = ["RESTORE_LISTENERS_CHARDEV", "TCG_TB_MIB", "build_argv", "guest_cmdline"]
+
+RESTORE_LISTENERS_CHARDEV = "rl"
+# The guest knows it as protocol.RESTORE_LISTENERS_PORT (vm does not import the protocol).
+RESTORE_LISTENERS_PORT = "restore-listeners"
 
 TCG_TB_MIB = 128  # measured: ≈ 70 MiB after booting and a broad workload (docs)
 # QEMU's default CPU model (qemu64) lacks ARAT, so the guest kernel assumes its local APIC
@@ -87,6 +91,12 @@ def build_argv(
         "-device", "virtio-serial-device",
         "-chardev", f"socket,id=ag,path={files.agent_socket},server=on,wait=off",
         "-device", "virtserialport,chardev=ag,name=agent",
+        # Held open by the guest while it has processes or hooks to tell of a restore
+        # (guest/restore.py): QEMU's frontend-open of this port, read at each checkpoint,
+        # says whether a restore of it must wait for the guest (runtime/sessions/machines.py).
+        "-chardev", f"null,id={RESTORE_LISTENERS_CHARDEV}",
+        "-device",
+        f"virtserialport,chardev={RESTORE_LISTENERS_CHARDEV},name={RESTORE_LISTENERS_PORT}",
         "-chardev", chardev(files, ring=not console_file),
         "-serial", "chardev:ser0",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",

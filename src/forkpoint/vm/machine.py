@@ -20,7 +20,7 @@ from pathlib import Path
 from forkpoint import faults
 from forkpoint.errors import InternalError, QemuError
 from forkpoint.polling import poll_until
-from forkpoint.vm.argv import build_argv
+from forkpoint.vm.argv import RESTORE_LISTENERS_CHARDEV, build_argv
 from forkpoint.vm.build import QemuBuild, qemu_build
 from forkpoint.vm.cgroups import SessionCgroup
 from forkpoint.vm.console import drain_console
@@ -160,6 +160,15 @@ class Machine:
     async def pause(self) -> None:
         """Pause a running VM (its vCPUs stop; QEMU keeps everything else)."""
         await self._qmp.run("stop")
+
+    async def restore_listeners(self) -> bool:
+        """Whether the guest holds its restore-listeners port open: it has processes or
+        hooks to tell of a restore (see ``guest/restore.py``). QEMU knows; the guest is
+        not asked."""
+        for chardev in await self._qmp.run("query-chardev"):
+            if chardev.get("label") == RESTORE_LISTENERS_CHARDEV:
+                return bool(chardev.get("frontend-open"))
+        return False
 
     @classmethod
     async def start(

@@ -91,6 +91,9 @@ class Manifest:
     #: ``{"state": {"size", "sha256"}, "ram": {"size", "ctime_ns", SUM_KEY}}`` (see
     #: ``integrity``); None for a checkpoint written before checkpoints recorded files.
     files: dict[str, dict[str, Any]] | None = None
+    #: The guest had processes or hooks to tell of a restore (``guest/restore.py``): a
+    #: restore of this checkpoint returns once the guest has told them.
+    restore_listeners: bool = False
 
     # -- files -------------------------------------------------------------------------
 
@@ -136,6 +139,7 @@ class Manifest:
             "base_copy_ms": s.base_copy_ms, "device_state_ms": s.device_state_ms,
             "written_ms": s.written_ms, "duration_ms": self.duration_ms,
             **({"host": dict(self.host)} if self.host else {}),
+            **({"restore_listeners": True} if self.restore_listeners else {}),
         }  # fmt: skip
         if self.files is not None:
             out["files"] = self.files
@@ -186,6 +190,7 @@ class Manifest:
                 duration_ms=float(data.get("duration_ms", 0.0)),
                 host=dict(data.get("host") or {}),
                 files=dict(data["files"]) if isinstance(data.get("files"), dict) else None,
+                restore_listeners=data.get("restore_listeners") is True,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise IncompatibleCheckpoint(

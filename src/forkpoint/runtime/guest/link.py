@@ -11,12 +11,14 @@ from collections.abc import AsyncIterator
 from forkpoint.agent_client import AgentClient, fresh_identity
 from forkpoint.errors import AgentError, Conflict, ForkpointError, NotFound
 from forkpoint.models import SessionState
+from forkpoint.protocol import RestoreFacts
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.guest.agents import AgentPool
 from forkpoint.runtime.sessions.machines import (
     AGENT_READY_TIMEOUT_S,
     guest_hostname,
     identity_token,
+    restore_facts,
 )
 from forkpoint.store import SessionRecord, global_lock_async, session_lock_async
 from forkpoint.vm import Machine
@@ -72,6 +74,16 @@ class GuestLink:
             return Conflict(f"session {record.id} is {now.state} (it stopped during the request)")
         return error
 
+    def _restore_facts(self, record: SessionRecord) -> RestoreFacts | None:
+        """What the session's latest restore was, for its guest's processes."""
+        if record.parent_checkpoint is None:
+            return None
+        try:
+            checkpoint = self.context.store.get_checkpoint(record.parent_checkpoint)
+        except NotFound:
+            return None
+        return restore_facts(record.id, record.generation, checkpoint)
+
     async def _connect(self, record: SessionRecord) -> AgentClient:
         files = self.context.files(record.id)
         async with session_lock_async(self.context.home, record.id):
@@ -89,7 +101,9 @@ class GuestLink:
         # Every connection re-sends the session's identity: the guest applies it unless it
         # already did (the copy posted right after the restore may not have arrived).
         identity = fresh_identity(
-            identity_token(record.id, record.generation), guest_hostname(record.name, record.id)
+            identity_token(record.id, record.generation),
+            guest_hostname(record.name, record.id),
+            await asyncio.to_thread(self._restore_facts, record),
         )
         return await AgentClient.connect(
             files.agent_socket, timeout=AGENT_READY_TIMEOUT_S, identity=identity

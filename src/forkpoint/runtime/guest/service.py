@@ -16,6 +16,7 @@ from forkpoint.models import (
     CommandResult,
     FileEntry,
     FileStat,
+    GuestRestore,
     OutputEncoding,
     Process,
     ProcessEvent,
@@ -154,6 +155,12 @@ class Guest:
     async def ps(self, session: str) -> list[Process]:
         async with self.link.agent(session) as agent:
             return await agent.ps()
+
+    async def restore_status(self, session: str) -> GuestRestore:
+        """What the session's guest made of its latest restore: its generation, the event,
+        the processes it told and its restore hooks' results (``guest/restore.py``)."""
+        async with self.link.agent(session) as agent:
+            return await agent.restore_status()
 
     async def kill_process(self, session: str, pid: int, signal: int | str = "TERM") -> None:
         async with self.link.agent(session) as agent:

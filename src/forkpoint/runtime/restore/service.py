@@ -24,8 +24,10 @@ from forkpoint.runtime.sessions.machines import (
     Started,
     boot_files,
     guest_hostname,
+    has_restore_listeners,
     identity_token,
     jail_of,
+    restore_facts,
     start_restored,
 )
 from forkpoint.runtime.sessions.service import Sessions
@@ -159,7 +161,9 @@ class Restore:
                 forwards=tuple((p.host_port, p.guest_port) for p in record.ports),
                 hostname=guest_hostname(record.name, record.id),
                 token=identity_token(record.id, generation),
+                facts=restore_facts(record.id, generation, target),
                 jail=jail_of(record), egress=policy_of(record),
+                wait_for_guest=has_restore_listeners(target),
             )  # fmt: skip
             try:
                 started = await start_restored(self.context.home, spec, standby=standby)

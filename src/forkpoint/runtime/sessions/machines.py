@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from forkpoint import faults
-from forkpoint.agent_client import fresh_identity, post_identity
+from forkpoint.agent_client import confirm_restore, fresh_identity, post_identity
 from forkpoint.config import Home
-from forkpoint.errors import QemuError
+from forkpoint.errors import ForkpointError, QemuError
 from forkpoint.images import Image
-from forkpoint.models import JAIL_UID_BASE, Network
+from forkpoint.models import JAIL_UID_BASE, CheckpointKind, Network
+from forkpoint.protocol import RestoreFacts, RestoreIdentityArgs, RestoreStatus
+from forkpoint.runtime.capacity import host_limits
 from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
 from forkpoint.runtime.sessions.cleanup import kill_vm_processes
 from forkpoint.runtime.sessions.egress import install_filter
 from forkpoint.runtime.sessions.limits import prepare_cgroup, report_not_enforced
-from forkpoint.store import SessionRecord
+from forkpoint.store import CheckpointRecord, SessionRecord
 from forkpoint.store.standby import StandbyRecord
 from forkpoint.store.warm import WarmRecord
 from forkpoint.vm import (
@@ -49,13 +52,17 @@ __all__ = [
     "Started",
     "boot_files",
     "guest_hostname",
+    "has_restore_listeners",
     "identity_token",
     "jail_of",
     "new_layer_name",
+    "restore_facts",
     "start_restored",
 ]
 
 AGENT_READY_TIMEOUT_S = 60.0  # a loaded 2-core TCG host can take this long
+
+_log = logging.getLogger(__name__)
 
 
 class ResumeTogether:
@@ -98,6 +105,24 @@ def identity_token(session_id: str, generation: int) -> str:
     return f"{session_id}:{generation}"
 
 
+def has_restore_listeners(checkpoint: CheckpointRecord) -> bool:
+    """Whether the guest had processes or hooks to tell of a restore when ``checkpoint``
+    was taken (``Manifest.restore_listeners``)."""
+    return checkpoint.manifest.get("restore_listeners") is True
+
+
+def restore_facts(session_id: str, generation: int, checkpoint: CheckpointRecord) -> RestoreFacts:
+    """What restoring ``checkpoint`` as ``session_id``'s ``generation`` is to the guest's
+    processes: a session's first VM is a create (from an image's template) or a fork, a
+    later one a resume (of its pause checkpoint) or a rollback."""
+    if generation == 0:
+        event = "create" if checkpoint.kind == CheckpointKind.TEMPLATE else "fork"
+    else:
+        event = "resume" if checkpoint.kind == CheckpointKind.PAUSE else "rollback"
+    hook_timeout = float(host_limits().restore_hook_timeout_s)
+    return RestoreFacts(event, session_id, checkpoint.id, hook_timeout)
+
+
 # VMs that belong to no stored session: template and image builds.
 SESSIONLESS = Jail(JAIL_UID_BASE)
 
@@ -128,8 +153,10 @@ class RestoreSpec:
     """What :func:`start_restored` makes: which checkpoint becomes which VM.
 
     ``forwards`` are ``(host_port, guest_port)`` pairs; ``token`` names this restore (see
-    :func:`identity_token`) and ``hostname`` is the guest's new one; ``jail`` says which uid
-    its QEMU and passt run as, ``egress`` where its guest may connect.
+    :func:`identity_token`), ``hostname`` is the guest's new one and ``facts`` what the
+    restore is to its processes (``wait_for_guest``: its checkpoint had restore listeners,
+    see :func:`has_restore_listeners`); ``jail`` says which uid its QEMU and passt run as,
+    ``egress`` where its guest may connect.
     """
 
     files: VmFiles
@@ -141,17 +168,22 @@ class RestoreSpec:
     forwards: tuple[tuple[int, int], ...]
     hostname: str
     token: str
+    facts: RestoreFacts
     jail: Jail
     egress: EgressPolicy = EgressPolicy()
+    wait_for_guest: bool = False
 
 
 @dataclass(frozen=True)
 class Started:
-    """A restored VM: its QEMU, its network helper pid and its fresh top disk layer."""
+    """A restored VM: its QEMU, its network helper pid and its fresh top disk layer;
+    ``guest``: what the guest told its processes, when the restore waited for that (its
+    checkpoint had listeners: see :func:`start_restored`)."""
 
     machine: Machine
     passt_pid: int | None
     disk_layer: str
+    guest: RestoreStatus | None = None
 
     @property
     def aux_pids(self) -> list[int]:
@@ -172,7 +204,11 @@ async def start_restored(
     RAM file copy-on-write (nothing is copied). On return the VM runs and its new
     identity (clock, RNG seed, hostname) sits in the guest agent's receive buffer: the
     guest applies it as soon as it gets to run, and every later agent connection makes
-    sure it has (see :func:`~forkpoint.agent_client.post_identity`).
+    sure it has (see :func:`~forkpoint.agent_client.post_identity`). When the checkpoint
+    had restore listeners (processes registered to be told, or hooks: see
+    ``guest/restore.py``) the return waits until the guest has applied it, signalled them
+    and run its hooks — what a caller does next meets processes that know; a guest that
+    does not answer is logged, never fails the restore.
     ``loaded`` is awaited between loading the VM and letting it run. ``warm``: a VM
     already started and loaded for this session, on its own layer (see :mod:`.warm`).
     ``standby``: a QEMU already started for this restore, on its own layer, waiting for
@@ -258,7 +294,12 @@ async def start_restored(
             await loaded()
         await machine.run()
         faults.point("restore.running")
-        await post_identity(files.agent_socket, fresh_identity(spec.token, spec.hostname))
+        identity = fresh_identity(spec.token, spec.hostname, spec.facts)
+        guest = None
+        if spec.wait_for_guest:
+            guest = await _tell_guest(files, identity)
+        else:
+            await post_identity(files.agent_socket, identity)
         if starting is not None:  # last: its start-up overlaps the load
             await passt_ready(files, starting)
     except BaseException:
@@ -270,7 +311,20 @@ async def start_restored(
         await asyncio.to_thread(stop_passt, files, passt_pid)
         (home.layers / layer).unlink(missing_ok=True)
         raise
-    return Started(machine, passt_pid, layer)
+    return Started(machine, passt_pid, layer, guest)
+
+
+async def _tell_guest(files: VmFiles, identity: RestoreIdentityArgs) -> RestoreStatus | None:
+    """Hand the guest its identity and wait until it has told its processes and its
+    hooks have run (each is bounded by the restore's hook time limit)."""
+    assert identity.restore is not None
+    try:
+        return await confirm_restore(
+            files.agent_socket, identity, AGENT_READY_TIMEOUT_S, identity.restore.hook_timeout_s
+        )
+    except ForkpointError as error:
+        _log.warning("forkpoint: %s did not confirm its restore: %s", files.name, error.message)
+        return None
 
 
 async def _adopt_warm(home: Home, files: VmFiles, warm: WarmRecord) -> Machine | None:

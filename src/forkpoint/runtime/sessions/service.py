@@ -27,6 +27,7 @@ from forkpoint.models import (
 )
 from forkpoint.runtime.capacity import host_limits
 from forkpoint.runtime.context import RuntimeContext
+from forkpoint.runtime.events import record_hook_failures
 from forkpoint.runtime.guest.link import GuestLink
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.housekeeping.upkeep import expires_after
@@ -39,8 +40,10 @@ from forkpoint.runtime.sessions.machines import (
     Started,
     boot_files,
     guest_hostname,
+    has_restore_listeners,
     identity_token,
     jail_of,
+    restore_facts,
     start_restored,
 )
 from forkpoint.runtime.sessions.warm import WarmTarget
@@ -228,7 +231,8 @@ class Sessions:
                     checkpoint_layer=checkpoint.disk_layer, shape=shape,
                     boot=boot_files(image, shape), network=network, forwards=tuple(forwards),
                     hostname=guest_hostname(name, record.id), token=identity_token(record.id, 0),
-                    jail=jail_of(record), egress=policy_of(record),
+                    facts=restore_facts(record.id, 0, checkpoint), jail=jail_of(record),
+                    egress=policy_of(record), wait_for_guest=has_restore_listeners(checkpoint),
                 )  # fmt: skip
                 started = await start_restored(self.context.home, spec, loaded, warm=warm)
                 record = await asyncio.to_thread(
@@ -262,14 +266,17 @@ class Sessions:
         parent_checkpoint: str | Keep = KEEP,
     ) -> SessionRecord:
         """Record the session's restored VM: its new top layer and pids (and, after a
-        rollback, its generation and checkpoint)."""
+        rollback, its generation and checkpoint), and the guest's restore hooks that
+        failed."""
         with self.context.store.transaction():
             self.context.store.insert_layer(started.disk_layer, backing=backing)
-            return self.context.store.update_session(
+            record = self.context.store.update_session(
                 session_id, state=SessionState.RUNNING, disk_layer=started.disk_layer,
                 qemu_pid=started.machine.pid, aux_pids=started.aux_pids, generation=generation,
                 parent_checkpoint=parent_checkpoint,
             )  # fmt: skip
+        record_hook_failures(self.context, session_id, started.guest)
+        return record
 
     async def console(self, session: str, max_bytes: int = 64 << 10) -> str:
         """The serial console's latest output (at most ``max_bytes``). A running VM's
