@@ -107,6 +107,9 @@ def test_bad_arguments_are_400(gateway: Gateway) -> None:
     update = httpx.put(f"{gateway.url}/sandboxes/{UNKNOWN}/network", json={"denyOut": ["1.1.1.1"]},
                        headers=headers)  # fmt: skip
     assert update.status_code == 404
+    metrics = httpx.get(f"{gateway.url}/sandboxes/{UNKNOWN}/metrics", params={"start": 10**20},
+                        headers=headers)  # fmt: skip
+    assert metrics.status_code == 400  # past any datetime: refused before the sandbox is looked up
     assert httpx.get(f"{gateway.url}/v2/sandboxes", headers=headers).json() == []
 
 

@@ -170,10 +170,18 @@ def test_events_take_their_query_string_and_wait_for_the_next(unix_server: Serve
     started = time.monotonic()
     assert c.get("/v1/events", params={"after": last, "wait": "0.5"}).json() == []
     assert time.monotonic() - started >= 0.5  # a long poll: it waited for one
-    for bad in ({"after": "-1"}, {"limit": "0"}, {"wait": "61"}, {"session": "bad name!"}):
+    too_big = str(2**63)  # past SQLite's INTEGER: refused, not an overflow inside
+    for bad in (
+        {"after": "-1"},
+        {"after": too_big},
+        {"limit": "0"},
+        {"wait": "61"},
+        {"session": "bad name!"},
+    ):
         answer = c.get("/v1/events", params=bad)
         assert answer.status_code == 422, (bad, answer.text)
         assert "\n" not in _error(answer)["message"]
+    assert c.get("/v1/events/stream", params={"after": too_big}).status_code == 422
 
 
 def test_a_bodyless_post_takes_the_defaults_and_a_wrong_body_is_refused(

@@ -531,12 +531,16 @@ class MetricsRequest(_Request):
     end: datetime | None = None
 
 
+# SQLite's INTEGER is 64-bit signed: a larger event id cannot exist, nor be asked for.
+MAX_EVENT_ID = 2**63 - 1
+
+
 class EventsRequest(_Request):
     """The events after event ``after`` (of one ``session``, if given), at most ``limit``;
     with none yet, wait up to ``wait`` seconds for the first."""
 
     # A query string: its values arrive as text, so numbers are read from it (not strict).
-    after: Annotated[int, Field(ge=0)] = 0
+    after: Annotated[int, Field(ge=0, le=MAX_EVENT_ID)] = 0
     session: Ref | None = None
     wait: Annotated[float, Field(ge=0, le=60)] = 0.0
     limit: Annotated[int, Field(ge=1, le=1000)] = 100

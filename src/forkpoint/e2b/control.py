@@ -235,7 +235,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(
-        sandbox_id: str, start: int | None = None, end: int | None = None
+        sandbox_id: str,
+        start: Annotated[int | None, Query(ge=0, le=_LAST_UNIX_SECOND)] = None,
+        end: Annotated[int | None, Query(ge=0, le=_LAST_UNIX_SECOND)] = None,
     ) -> list[dict[str, object]]:
         """The session's samples (``Runtime.metrics``); ``start``/``end`` in Unix seconds,
         ``end`` taken as its whole second."""
@@ -253,6 +255,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
         return _out(sandboxes, await sandboxes.rollback(sandbox_id, body.snapshotID))
 
     return router
+
+
+_LAST_UNIX_SECOND = 253_402_300_798  # 9999-12-31: later cannot be a datetime
 
 
 def _error(status: int, message: str, error_code: str | None = None) -> JSONResponse:
