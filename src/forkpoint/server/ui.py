@@ -26,7 +26,7 @@ from forkpoint.runtime import Runtime
 
 from .middleware import send_error
 from .ui_page import PAGE
-from .ui_shots import Shelf, Shot, grid_sessions
+from .ui_shots import Shelf, Shot, grid_sessions, origin
 from .vendor import vendored
 
 __all__ = ["UiLogin", "ui_router"]
@@ -131,6 +131,8 @@ def _grid(
 def _state(runtime: Runtime) -> dict[str, Any]:
     sessions = []
     metrics = runtime.latest_metrics()
+    listed = runtime.list_checkpoints()
+    by_id = {c.id: c for c in listed}
     for session in runtime.list_sessions():
         if session.id in runtime.scratch_sessions:
             continue  # a fork made to compute a diff, removed in a moment
@@ -138,8 +140,9 @@ def _state(runtime: Runtime) -> dict[str, Any]:
         data["disk_bytes"] = runtime.disk_bytes(session.id)
         running = session.state == SessionState.RUNNING
         data["metric"] = to_json_data(metrics.get(session.id)) if running else None
+        data["origin"] = origin(session, by_id)  # where the lineage hangs it
         sessions.append(data)
-    checkpoints = [to_json_data(c) for c in runtime.list_checkpoints()]
+    checkpoints = [to_json_data(c) for c in listed]
     return {
         "sessions": sessions, "checkpoints": checkpoints, "steps": runtime.step_labels(),
         "events": to_json_data(runtime.recent_events(_EVENTS_SHOWN)),

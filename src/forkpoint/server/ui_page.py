@@ -181,16 +181,11 @@ function tree() {
   const sessions = new Map(state.sessions.map((s) => [s.id, s]));
   const kids = new Map(), roots = [];
   const add = (parent, id) => { if (!kids.has(parent)) kids.set(parent, []); kids.get(parent).push(id); };
-  // A session hangs under the first checkpoint of its lineage it did not take itself
-  // (after a rollback it runs from one of its own, marked "now").
-  const origin = (s) => {
-    let c = s.parent_checkpoint; const seen = new Set();
-    while (c && cks.has(c) && cks.get(c).session_id === s.id && !seen.has(c)) {
-      seen.add(c); c = cks.get(c).parent_checkpoint;
-    }
-    return c && cks.has(c) ? c : null;
-  };
-  for (const s of state.sessions) { const o = origin(s); if (o) add(o, s.id); else roots.push(s.id); }
+  // A session hangs under the checkpoint it came from (the server's "origin": the first
+  // of its lineage it did not take itself; after a rollback it runs from one of its own).
+  for (const s of state.sessions) {
+    if (s.origin && cks.has(s.origin)) add(s.origin, s.id); else roots.push(s.id);
+  }
   for (const c of state.checkpoints) {
     if (sessions.has(c.session_id)) add(c.session_id, c.id);
     else if (c.parent_checkpoint && cks.has(c.parent_checkpoint)) add(c.parent_checkpoint, c.id);

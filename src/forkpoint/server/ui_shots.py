@@ -116,6 +116,21 @@ class Shelf:
         return cells
 
 
+def origin(session: Session, checkpoints: dict[str, Checkpoint]) -> str | None:
+    """The checkpoint a session came from: the first of its lineage it did not take itself
+    (after a rollback it runs from one of its own). The page hangs the session under it;
+    the grid of that checkpoint shows it."""
+    current, seen = session.parent_checkpoint, set()
+    while (
+        current in checkpoints
+        and checkpoints[current].session_id == session.id
+        and current not in seen
+    ):
+        seen.add(current)
+        current = checkpoints[current].parent_checkpoint
+    return current
+
+
 def grid_sessions(
     checkpoint: Checkpoint, sessions: list[Session], checkpoints: list[Checkpoint]
 ) -> tuple[str | None, list[Session]]:
@@ -123,15 +138,7 @@ def grid_sessions(
     sessions to show: the parent, then every session started from ``checkpoint`` — by a
     fork, or rolled back since to a checkpoint of its own taken after that fork."""
     owner = {c.id: c for c in checkpoints}
-
-    def origin(session: Session) -> str | None:
-        current, seen = session.parent_checkpoint, set()
-        while current in owner and owner[current].session_id == session.id and current not in seen:
-            seen.add(current)
-            current = owner[current].parent_checkpoint
-        return current
-
     by_id = {s.id: s for s in sessions}
     parent = checkpoint.session_id if checkpoint.session_id in by_id else None
-    forks = [s for s in sessions if s.id != parent and origin(s) == checkpoint.id]
+    forks = [s for s in sessions if s.id != parent and origin(s, owner) == checkpoint.id]
     return parent, ([by_id[parent]] if parent else []) + forks
