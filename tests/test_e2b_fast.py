@@ -178,6 +178,18 @@ def test_env_works_on_a_fresh_home(tmp_path: Path) -> None:
     )
 
 
+def test_a_gateway_on_a_fresh_home_has_its_key_before_it_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API key is written before the port accepts: a client connecting at once finds
+    it (a CI run on a fresh home once read the key file too early)."""
+    monkeypatch.setenv("FORKPOINT_HOME", str(tmp_path / "home"))
+    with running_gateway() as fresh:  # reads the key as soon as the port accepts
+        assert fresh.api_key == (tmp_path / "home" / "token").read_text().strip()
+        listed = httpx.get(f"{fresh.url}/v2/sandboxes", headers={"X-API-KEY": fresh.api_key})
+        assert listed.json() == []
+
+
 def test_env_command_prints_the_variables(gateway: Gateway) -> None:
     def run(*args: str) -> str:
         return subprocess.run(

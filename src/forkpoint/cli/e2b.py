@@ -96,28 +96,36 @@ def serve_e2b(
     import socket
 
     from forkpoint.e2b import GatewayConfig, TokenFile, run_gateway
+    from forkpoint.e2b.tls import LocalCA
     from forkpoint.errors import Conflict
     from forkpoint.runtime import Runtime
     from forkpoint.server import bind_tcp
 
-    api_port = DEFAULT_E2B_PORT if port is None else port
-    api_socket = bind_tcp(host, api_port)
-    api_port = api_socket.getsockname()[1]
-    proxy_sockets: list[socket.socket] = [
-        bind_tcp(host, proxy_port if proxy_port is not None else api_port + 1)
-    ]
-    bound_proxy = proxy_sockets[0].getsockname()[1]
-    if host == "127.0.0.1":  # *.localhost resolves to 127.0.0.1 and ::1 (myhostname)
-        try:
-            proxy_sockets.append(bind_tcp("::1", bound_proxy))
-        except (Conflict, OSError):
-            pass  # no IPv6 here: IPv4 alone serves
+    # The API key and the CA exist before the port accepts anyone: a client that connects
+    # at once (a test waiting for the port) finds them (`forkpoint e2b env` makes them too).
     runtime = Runtime.open()
     token_path = runtime.home.token
     if not token_path.exists():
         from forkpoint.server import write_token
 
         write_token(token_path)
+    LocalCA(runtime.home.tls).ensure()
+    try:
+        api_port = DEFAULT_E2B_PORT if port is None else port
+        api_socket = bind_tcp(host, api_port)
+        api_port = api_socket.getsockname()[1]
+        proxy_sockets: list[socket.socket] = [
+            bind_tcp(host, proxy_port if proxy_port is not None else api_port + 1)
+        ]
+    except BaseException:
+        runtime.close()
+        raise
+    bound_proxy = proxy_sockets[0].getsockname()[1]
+    if host == "127.0.0.1":  # *.localhost resolves to 127.0.0.1 and ::1 (myhostname)
+        try:
+            proxy_sockets.append(bind_tcp("::1", bound_proxy))
+        except (Conflict, OSError):
+            pass  # no IPv6 here: IPv4 alone serves
     config = GatewayConfig(
         domain=f"localhost:{bound_proxy}", default_timeout_s=timeout_s,
         template_builds=template_builds,

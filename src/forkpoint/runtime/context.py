@@ -51,6 +51,9 @@ class RuntimeContext:
         #: so once it has printed its result (``fill_warm``, ``prepare_rollback``).
         self.refill_in_background = False
         self.background: set[asyncio.Task[object]] = set()
+        #: Sessions this process forked only to look at a checkpoint (diffs), from before
+        #: their row exists until they are gone: the page never shows them.
+        self.scratch_sessions: set[str] = set()
 
     @functools.cached_property
     def build(self) -> QemuBuild:

@@ -104,7 +104,7 @@ class Runtime(Queries):
         self.rollback = announce(restore.rollback, became(EventKind.ROLLED_BACK))
         self.recover = restore.recover
         self.prepare_rollback = preparer.prepare_rollback
-        self.scratch_sessions = restore.scratch_sessions
+        self.scratch_sessions = context.scratch_sessions
         self.history = history.history
         self.undo = announce(history.undo, became(EventKind.ROLLED_BACK))
         self.step_labels = history.step_labels

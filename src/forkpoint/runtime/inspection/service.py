@@ -115,7 +115,7 @@ class _Side:
                 with contextlib.suppress(NotFound):
                     await self.inspection.sessions.remove(fork)
             finally:
-                self.inspection.restore.scratch_sessions.discard(fork)
+                self.inspection.context.scratch_sessions.discard(fork)
 
 
 @contextlib.asynccontextmanager

@@ -50,8 +50,6 @@ class Restore:
         self.sessions = sessions
         self.link = link
         self.preparer = preparer
-        #: Sessions this process forked only to look at a checkpoint (diffs); gone soon.
-        self.scratch_sessions: set[str] = set()
 
     async def fork(self, checkpoint: str, count: int = 1) -> list[Session | ForkpointError]:
         """Start ``count`` new sessions from a checkpoint, in parallel.
@@ -92,14 +90,13 @@ class Restore:
 
     async def scratch_fork(self, checkpoint: str) -> Session:
         """A session restored from ``checkpoint`` only to look at (a diff): no network,
-        no ports, in :attr:`scratch_sessions` until the caller removes it."""
+        no ports, in ``context.scratch_sessions`` until the caller removes it."""
         record = await asyncio.to_thread(self.context.store.get_checkpoint, checkpoint)
         target = await fork_target(self.context, record, None)
         session = await self.sessions.start(
             record, target.image, target.shape, name=None, guest_ports=(),
-            network=Network.NONE, egress=EgressPolicy.of((), ()).to_json(),
+            network=Network.NONE, egress=EgressPolicy.of((), ()).to_json(), scratch=True,
         )  # fmt: skip
-        self.scratch_sessions.add(session.id)
         return session
 
     async def rollback(self, session: str, checkpoint: str | None = None) -> Session:

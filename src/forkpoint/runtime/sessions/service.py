@@ -190,11 +190,13 @@ class Sessions:
         on_expiry: Expiry = Expiry.REMOVE,
         disk_mib: int | None = None,
         warm: WarmRecord | None = None,
+        scratch: bool = False,
     ) -> Session:
         """Restore ``checkpoint`` as a new session; the caller has checked its manifest
         for ``shape`` (``RuntimeContext.manifest``). ``warm``: a warm VM taken for this create; it
         becomes the session (its id, uid and QEMU), or is discarded if the session cannot
-        be made."""
+        be made. ``scratch``: in ``context.scratch_sessions`` before its row can be listed
+        (the page's grid once showed a diff's fork as one more fork)."""
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
         fresh = SessionRecord.new(
@@ -205,6 +207,8 @@ class Sessions:
         )  # fmt: skip
         if warm is not None:
             fresh = dataclasses.replace(fresh, id=warm.id, uid=warm.uid)
+        if scratch:
+            self.context.scratch_sessions.add(fresh.id)
         # Locked before the row exists: a `creating` session whose lock is free has lost
         # its creator (killed), and queries may call it crashed (Queries.refresh).
         async with session_lock_async(self.context.home, fresh.id):
