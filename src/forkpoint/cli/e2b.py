@@ -117,27 +117,23 @@ def serve_e2b(
         proxy_sockets: list[socket.socket] = [
             bind_tcp(host, proxy_port if proxy_port is not None else api_port + 1)
         ]
-    except BaseException:
-        runtime.close()
-        raise
-    bound_proxy = proxy_sockets[0].getsockname()[1]
-    if host == "127.0.0.1":  # *.localhost resolves to 127.0.0.1 and ::1 (myhostname)
-        try:
-            proxy_sockets.append(bind_tcp("::1", bound_proxy))
-        except (Conflict, OSError):
-            pass  # no IPv6 here: IPv4 alone serves
-    config = GatewayConfig(
-        domain=f"localhost:{bound_proxy}", default_timeout_s=timeout_s,
-        template_builds=template_builds,
-    )  # fmt: skip
-    err_console.print(
-        f"forkpoint E2B gateway: API + envd on http://{host}:{api_port}, sandbox ports on "
-        f"{host}:{bound_proxy} (API key in {token_path}); "
-        f'eval "$(forkpoint e2b env --port {api_port} --proxy-port {bound_proxy})"',
-        markup=False,
-        highlight=False,
-    )
-    try:
+        bound_proxy = proxy_sockets[0].getsockname()[1]
+        if host == "127.0.0.1":  # *.localhost resolves to 127.0.0.1 and ::1 (myhostname)
+            try:
+                proxy_sockets.append(bind_tcp("::1", bound_proxy))
+            except (Conflict, OSError):
+                pass  # no IPv6 here: IPv4 alone serves
+        config = GatewayConfig(
+            domain=f"localhost:{bound_proxy}", default_timeout_s=timeout_s,
+            template_builds=template_builds,
+        )  # fmt: skip
+        err_console.print(
+            f"forkpoint E2B gateway: API + envd on http://{host}:{api_port}, sandbox ports on "
+            f"{host}:{bound_proxy} (API key in {token_path}); "
+            f'eval "$(forkpoint e2b env --port {api_port} --proxy-port {bound_proxy})"',
+            markup=False,
+            highlight=False,
+        )
         asyncio.run(
             run_gateway(
                 runtime, config, api_socket, proxy_sockets, TokenFile(token_path),
