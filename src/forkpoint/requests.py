@@ -50,7 +50,7 @@ from forkpoint.models import (
 
 __all__ = [
     "BackgroundExecRequest",
-    "Cidr",
+    "EgressRule",
     "CheckpointRequest",
     "Cpus",
     "CreateSessionRequest",
@@ -188,36 +188,41 @@ Command = Annotated[
 ]
 
 
-def _cidr(text: str) -> str:
-    import ipaddress
+def _egress_rule(text: str) -> str:
+    from forkpoint.errors import InvalidInput
+    from forkpoint.vm.egress import parse_rule
 
-    try:  # host bits are cleared (10.1.2.3/16 is 10.1.0.0/16): the pattern cannot tell
-        return str(ipaddress.ip_network(text.strip(), strict=False))
-    except ValueError as error:
-        raise ValueError(f"{text!r} is not a CIDR ({error})") from None
+    try:  # a CIDR's host bits are cleared (10.1.2.3/16 is 10.1.0.0/16): no pattern can tell
+        return parse_rule(text)
+    except InvalidInput as error:
+        raise ValueError(error.message) from None
 
 
-# What ipaddress.ip_network accepts, stated in the schema (an address, optionally /prefix):
-# the API fuzzer sends anything a pattern allows.
+# What ipaddress.ip_network accepts, stated in the schema (an address, optionally /prefix),
+# or a host name: the API fuzzer sends anything a pattern allows.
 _V4 = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H = "[0-9a-fA-F]{1,4}"
-_CIDR_PATTERN = (
+_LABEL = "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_EGRESS_PATTERN = (
     rf"^({_V4}(\.{_V4}){{3}}(/(3[0-2]|[12]?[0-9]))?"
     rf"|(({_H}:){{7}}{_H}|({_H}:){{1,7}}:|({_H}:){{1,6}}:{_H}|({_H}:){{1,5}}(:{_H}){{1,2}}"
     rf"|({_H}:){{1,4}}(:{_H}){{1,3}}|({_H}:){{1,3}}(:{_H}){{1,4}}|({_H}:){{1,2}}(:{_H}){{1,5}}"
-    rf"|{_H}:(:{_H}){{1,6}}|:((:{_H}){{1,7}}|:))(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?)$"
+    rf"|{_H}:(:{_H}){{1,6}}|:((:{_H}){{1,7}}|:))(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
+    rf"|(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?)$"
 )
 
-Cidr = Annotated[
+EgressRule = Annotated[
     str,
-    StringConstraints(max_length=64),
-    AfterValidator(_cidr),  # says "not a CIDR" in words, where the pattern would be quoted
+    StringConstraints(max_length=253),
+    AfterValidator(_egress_rule),  # says "not a CIDR" in words, where the pattern would be quoted
     Field(
-        description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128).",
-        json_schema_extra={"pattern": _CIDR_PATTERN},
+        description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128), "
+        "or a host name (pypi.org; *.example.com: it and every name under it), judged by "
+        "the name an HTTP or TLS connection asks for.",
+        json_schema_extra={"pattern": _EGRESS_PATTERN},
     ),
 ]
-EgressRules = Annotated[tuple[Cidr, ...], Field(max_length=MAX_EGRESS_RULES)]
+EgressRules = Annotated[tuple[EgressRule, ...], Field(max_length=MAX_EGRESS_RULES)]
 
 
 class _Request(BaseModel):
@@ -243,10 +248,12 @@ class CreateSessionRequest(_Request):
     ] = ()
     network: Network = Network.USER
     allow_net: EgressRules = Field(
-        default=(), description="CIDRs the guest may reach despite the default egress denies."
+        default=(),
+        description="CIDRs or host names the guest may reach despite the default egress denies.",
     )
     deny_net: EgressRules = Field(
-        default=(), description="CIDRs the guest may not reach, on top of the default denies."
+        default=(),
+        description="CIDRs or host names the guest may not reach, on top of the default denies.",
     )
     timeout_s: TimeoutS | None = None
     disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB), _JSON_INTEGER] | None = None
@@ -267,10 +274,12 @@ class EgressRequest(_Request):
     """A session's egress adjustments, replacing the ones it has (empty: the defaults)."""
 
     allow_net: EgressRules = Field(
-        default=(), description="CIDRs the guest may reach despite the default egress denies."
+        default=(),
+        description="CIDRs or host names the guest may reach despite the default egress denies.",
     )
     deny_net: EgressRules = Field(
-        default=(), description="CIDRs the guest may not reach, on top of the default denies."
+        default=(),
+        description="CIDRs or host names the guest may not reach, on top of the default denies.",
     )
 
 

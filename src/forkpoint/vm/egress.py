@@ -8,11 +8,20 @@ host's own addresses (those are matched by the kernel, :mod:`.nftables`). A sess
 defaults (so ``allow 10.1.2.0/24`` opens that part of 10/8, and ``deny 0.0.0.0/0`` with a
 few ``allow``\\ s is an allow-list); among the session's own, the most specific wins, and a
 tie goes to deny.
+
+An entry may also be a host name (``pypi.org``, ``*.pythonhosted.org``: the name and every
+name under it). Names cannot be judged by address: a guest's plain-HTTP (port 80) and TLS
+(port 443) connections then go through the session's egress proxy (:mod:`.egress_proxy`),
+which reads the name the guest asked for (the ``Host`` header, the TLS SNI) at each
+connection. A named host is allowed or denied whatever its address (an allowed name beats
+a denied one, as an allowed CIDR beats a denied one); a connection whose name no entry
+names is judged by its address, as the kernel judges every other connection.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,7 +29,15 @@ from typing import Any
 
 from forkpoint.errors import InvalidInput
 
-__all__ = ["DEFAULT_DENY", "EgressPolicy", "Span", "Verdict", "parse_cidr"]
+__all__ = [
+    "DEFAULT_DENY",
+    "EgressPolicy",
+    "Span",
+    "Verdict",
+    "is_host_name",
+    "parse_cidr",
+    "parse_rule",
+]
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -75,17 +92,67 @@ def parse_cidr(text: str) -> Net:
         raise InvalidInput(f"invalid CIDR {text!r}: {error}") from None
 
 
+# A DNS name (labels of letters, digits and hyphens), optionally ``*.`` for every name under
+# it; its last label starts with a letter, so no address is ever taken for a name.
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_NAME = re.compile(rf"^(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?$")
+
+
+def is_host_name(text: str) -> bool:
+    """Whether ``text`` is a host-name rule (``pypi.org``, ``*.example.com``)."""
+    return len(text) <= 253 and _HOST_NAME.match(text) is not None
+
+
+def parse_rule(text: str) -> str:
+    """An egress entry normalised: a CIDR (host bits cleared) or a lower-case host name.
+
+    :raises InvalidInput: neither.
+    """
+    cleaned = text.strip().lower().rstrip(".")
+    if is_host_name(cleaned):
+        return cleaned
+    try:
+        return str(ipaddress.ip_network(cleaned, strict=False))
+    except ValueError:
+        raise InvalidInput(
+            f"invalid egress rule {text!r}: not a CIDR, an address or a host name"
+        ) from None
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
-    """A session's adjustments to :data:`DEFAULT_DENY` (normalised CIDRs, sorted)."""
+    """A session's adjustments to :data:`DEFAULT_DENY`: normalised CIDRs and host names,
+    sorted (CIDRs first)."""
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> EgressPolicy:
-        """:raises InvalidInput: a CIDR is malformed."""
+        """:raises InvalidInput: an entry is neither a CIDR nor a host name."""
         return cls(_normalised(allow), _normalised(deny))
+
+    @property
+    def names_hosts(self) -> bool:
+        """Whether some entry is a host name (connections then pass the egress proxy)."""
+        return any(is_host_name(rule) for rule in (*self.allow, *self.deny))
+
+    def host_verdict(self, name: str) -> Verdict | None:
+        """What the host-name entries say of ``name`` (allow beats deny); ``None``: none
+        names it, its address decides."""
+        name = name.lower().rstrip(".")
+        for rules, verdict in ((self.allow, Verdict.ACCEPT), (self.deny, Verdict.REFUSE)):
+            if any(_names(rule, name) for rule in rules if is_host_name(rule)):
+                return verdict
+        return None
+
+    def address_verdict(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> Verdict:
+        """What the CIDR entries and the defaults say of ``address`` (the kernel's rules;
+        the host's own addresses, which only the kernel knows, are not judged here)."""
+        for span in self.spans(address.version):
+            if int(span.first) <= int(address) <= int(span.last):
+                return span.verdict
+        return Verdict.ACCEPT
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EgressPolicy:
@@ -98,8 +165,8 @@ class EgressPolicy:
     def spans(self, version: int) -> list[Span]:
         """The address space of IP ``version`` cut into spans with a verdict; addresses in
         no span match no CIDR (the kernel then refuses only the host's own)."""
-        own = [(parse_cidr(c), Verdict.ACCEPT) for c in self.allow]
-        own += [(parse_cidr(c), Verdict.REFUSE) for c in self.deny]
+        own = [(parse_cidr(c), Verdict.ACCEPT) for c in self.allow if not is_host_name(c)]
+        own += [(parse_cidr(c), Verdict.REFUSE) for c in self.deny if not is_host_name(c)]
         own = [(net, v) for net, v in own if net.version == version]
         defaults = [net for net in DEFAULT_DENY if net.version == version]
         cuts = sorted(
@@ -138,8 +205,17 @@ def _verdict_at(
     return None
 
 
-def _normalised(cidrs: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(cidrs, str):  # one CIDR, not its characters
-        cidrs = [cidrs]
-    nets = {parse_cidr(c) for c in cidrs}
-    return tuple(str(n) for n in sorted(nets, key=lambda n: (n.version, n)))
+def _names(rule: str, name: str) -> bool:
+    if rule.startswith("*."):
+        return name == rule[2:] or name.endswith(rule[1:])
+    return name == rule
+
+
+def _normalised(rules: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(rules, str):  # one entry, not its characters
+        rules = [rules]
+    parsed = {parse_rule(r) for r in rules}
+    names = sorted(r for r in parsed if is_host_name(r))
+    nets = [parse_cidr(r) for r in parsed if not is_host_name(r)]
+    nets.sort(key=lambda n: (n.version, n))
+    return (*(str(n) for n in nets), *names)

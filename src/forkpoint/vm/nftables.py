@@ -14,6 +14,9 @@ One table, ``inet forkpoint``::
     chain u<uid>   a session's policy: DNS to the host's resolvers, its spans (a map per
                    distinct policy, shared by the sessions that have it), host-local
     chain refuse   TCP reset / ICMP: a blocked connect is refused at once, not dropped
+    chain nat_output (hook output, nat)  meta skuid vmap @nat_sessions -> goto n<uid>
+    chain n<uid>   a session whose policy names hosts: its IPv4 TCP to ports 80 and 443
+                   redirected to its egress proxy (:mod:`.egress_proxy`); empty otherwise
 
 A uid of the session range with no chain of its own may open nothing (fail closed). Of
 TCP only SYNs are judged: other segments belong to connections that were allowed, or to
@@ -40,6 +43,7 @@ from forkpoint.errors import InternalError
 from .egress import EgressPolicy
 
 __all__ = [
+    "PROXIED_PORTS",
     "TABLE",
     "forget_policy",
     "install_rules",
@@ -75,8 +79,16 @@ def resolvers(resolv_conf: Path = _RESOLV_CONF) -> list[Address]:
     return found
 
 
+#: The guest's destination ports whose connections a policy naming hosts sends to its proxy.
+PROXIED_PORTS = (80, 443)
+
+
 def _chain(uid: int) -> str:
     return f"u{uid}"
+
+
+def _nat_chain(uid: int) -> str:
+    return f"n{uid}"
 
 
 def policy_map(policy: EgressPolicy, version: int) -> str:
@@ -87,9 +99,17 @@ def policy_map(policy: EgressPolicy, version: int) -> str:
     return f"p{digest}_{version}"
 
 
-def install_script(uid: int, policy: EgressPolicy, dns: Iterable[Address], jailed: range) -> str:
-    """The ``nft -f`` transaction that (re)installs the table and ``uid``'s policy."""
-    t, chain = TABLE, _chain(uid)
+def install_script(
+    uid: int,
+    policy: EgressPolicy,
+    dns: Iterable[Address],
+    jailed: range,
+    proxy_port: int | None = None,
+) -> str:
+    """The ``nft -f`` transaction that (re)installs the table and ``uid``'s policy;
+    ``proxy_port``: where the session's egress proxy listens on 127.0.0.1 (a policy that
+    names hosts)."""
+    t, chain, nat = TABLE, _chain(uid), _nat_chain(uid)
     dns4 = sorted({str(a) for a in dns if a.version == 4})
     dns6 = sorted({str(a) for a in dns if a.version == 6})
     lines = [
@@ -99,6 +119,10 @@ def install_script(uid: int, policy: EgressPolicy, dns: Iterable[Address], jaile
         f"add map {t} sessions {{ typeof meta skuid : verdict; }}",
         f"add set {t} resolvers4 {{ type ipv4_addr; }}",
         f"add set {t} resolvers6 {{ type ipv6_addr; }}",
+        f"add chain {t} nat_output {{ type nat hook output priority -100; policy accept; }}",
+        f"add map {t} nat_sessions {{ typeof meta skuid : verdict; }}",
+        f"flush chain {t} nat_output",
+        f"add rule {t} nat_output meta skuid vmap @nat_sessions",
         f"flush chain {t} output",
         f"add rule {t} output tcp flags & (syn | ack) != syn accept",
         f"add rule {t} output meta skuid vmap @sessions",
@@ -114,7 +138,18 @@ def install_script(uid: int, policy: EgressPolicy, dns: Iterable[Address], jaile
     if dns6:
         lines.append(f"add element {t} resolvers6 {{ {', '.join(dns6)} }}")
     dns_port = "meta l4proto { tcp, udp } th dport 53"
-    rules = [
+    rules = []
+    redirects = []
+    if proxy_port is not None:
+        # Redirected before this chain sees it: to the proxy, which judges by name. Names
+        # are judged for IPv4 only, so IPv6 web traffic could pass a denied name: refused.
+        redirects = [f"meta nfproto ipv4 tcp dport {port} redirect to :{proxy_port}"
+                     for port in PROXIED_PORTS]  # fmt: skip
+        rules += [
+            f"meta nfproto ipv4 ip daddr 127.0.0.1 tcp dport {proxy_port} ct status dnat accept",
+            f"meta nfproto ipv6 tcp dport {{ {', '.join(map(str, PROXIED_PORTS))} }} goto refuse",
+        ]
+    rules += [
         f"ip daddr @resolvers4 {dns_port} accept",
         f"ip6 daddr @resolvers6 {dns_port} accept",
     ]
@@ -134,26 +169,34 @@ def install_script(uid: int, policy: EgressPolicy, dns: Iterable[Address], jaile
     lines += [f"add chain {t} {chain}", f"flush chain {t} {chain}"]
     lines += [f"add rule {t} {chain} {rule}" for rule in rules]
     lines.append(f"add element {t} sessions {{ {uid} : goto {chain} }}")
+    lines += [f"add chain {t} {nat}", f"flush chain {t} {nat}"]
+    lines += [f"add rule {t} {nat} {rule}" for rule in redirects]
+    lines.append(f"add element {t} nat_sessions {{ {uid} : goto {nat} }}")
     return "\n".join(lines) + "\n"
 
 
 def remove_script(uid: int) -> str:
     """The ``nft -f`` transaction that removes ``uid``'s policy (its chain, its element)."""
-    t, chain = TABLE, _chain(uid)
+    t, chain, nat = TABLE, _chain(uid), _nat_chain(uid)
     lines = [
         f"delete element {t} sessions {{ {uid} }}",
         f"flush chain {t} {chain}",
         f"delete chain {t} {chain}",
+        f"delete element {t} nat_sessions {{ {uid} }}",
+        f"flush chain {t} {nat}",
+        f"delete chain {t} {nat}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def install_rules(uid: int, policy: EgressPolicy, jailed: range) -> None:
+def install_rules(
+    uid: int, policy: EgressPolicy, jailed: range, proxy_port: int | None = None
+) -> None:
     """Install ``uid``'s egress policy (blocking).
 
     :raises InternalError: no ``nft``, or the kernel refused the rules (no nf_tables).
     """
-    _nft(install_script(uid, policy, resolvers(), jailed))
+    _nft(install_script(uid, policy, resolvers(), jailed, proxy_port))
 
 
 def remove_rules(uid: int, policy: EgressPolicy) -> None:

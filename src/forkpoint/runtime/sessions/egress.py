@@ -1,6 +1,7 @@
 """A session's egress filter: installed before its passt starts (create, fork, rollback,
 a port forward's passt restart), replaced live by :mod:`.egress_rules`, removed
-with the session. See :mod:`forkpoint.vm.nftables`.
+with the session. See :mod:`forkpoint.vm.nftables`. A policy that names hosts comes with
+its egress proxy (:mod:`forkpoint.vm.egress_proxies`), started and stopped with the rules.
 
 The filter matches the session's own uid, so it exists only when VMs are jailed (forkpoint
 runs as root); without root passt runs as the user who runs forkpoint, whose own traffic no
@@ -17,6 +18,7 @@ from forkpoint.errors import InternalError
 from forkpoint.models import SESSION_UIDS
 from forkpoint.store import SessionRecord
 from forkpoint.vm.egress import EgressPolicy
+from forkpoint.vm.egress_proxies import proxy_for, stop_proxy
 from forkpoint.vm.jail import Jail, jails_processes
 from forkpoint.vm.nftables import install_rules, remove_rules
 
@@ -38,7 +40,7 @@ def install_filter(jail: Jail, policy: EgressPolicy) -> None:
         _warn_unfiltered()
         return
     # Every session uid of every home: one with no rules of its own is refused everything.
-    install_rules(jail.uid, policy, SESSION_UIDS)
+    install_rules(jail.uid, policy, SESSION_UIDS, proxy_for(jail.uid, policy))
 
 
 def remove_filter(record: SessionRecord) -> None:
@@ -47,6 +49,7 @@ def remove_filter(record: SessionRecord) -> None:
         return
     with contextlib.suppress(InternalError):
         remove_rules(record.uid, policy_of(record))
+    stop_proxy(record.uid)
 
 
 @functools.cache

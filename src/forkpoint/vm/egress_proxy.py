@@ -1,0 +1,174 @@
+"""A session's egress proxy: judges its guest's HTTP and TLS connections by host name.
+
+The kernel redirects the session uid's TCP connections to ports 80 and 443 here
+(:mod:`.nftables`); this process reads the original destination (``SO_ORIGINAL_DST``) and
+the name the guest asked for (``Host``, TLS SNI: :mod:`.sniff`), and decides with the
+session's :class:`~.egress.EgressPolicy`, re-read from its file when it changed (so a
+change applies to the next connection):
+
+- a name an entry allows: connected to the name's own addresses, resolved on the host now
+  (the guest's chosen address is used if it is one of them). A guest cannot reach another
+  address by naming an allowed host;
+- a name an entry denies: closed;
+- no entry names it (or no name): the original destination, if the address rules allow it.
+
+The host's own addresses are never connected to. TLS is passed through untouched (no
+interception): the name is only read. Runs as ``python -m forkpoint.vm.egress_proxy
+POLICY_FILE FD``, ``FD`` its inherited listening socket (:mod:`.egress_proxies`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import socket
+import struct
+import sys
+from pathlib import Path
+
+from forkpoint.vm.egress import EgressPolicy, Verdict
+from forkpoint.vm.sniff import MAX_PEEK, host_of_http, is_tls, server_name
+
+__all__ = ["main", "original_destination"]
+
+_SO_ORIGINAL_DST = 80
+_PEEK_TIMEOUT_S = 10.0  # a guest that connects and says nothing
+_CONNECT_TIMEOUT_S = 10.0
+_CHUNK = 64 * 1024
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class _Policy:
+    """The policy file, re-read when its modification time changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stamp: int | None = None
+        self.policy = EgressPolicy()
+
+    def current(self) -> EgressPolicy:
+        stamp = self.path.stat().st_mtime_ns
+        if stamp != self.stamp:
+            self.policy = EgressPolicy.from_json(json.loads(self.path.read_text()))
+            self.stamp = stamp
+        return self.policy
+
+
+def original_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where the guest meant to connect before the kernel redirected it here (IPv4)."""
+    raw = sock.getsockopt(socket.SOL_IP, _SO_ORIGINAL_DST, 16)
+    port, packed = struct.unpack_from("!2xH4s", raw)
+    return socket.inet_ntoa(packed), port
+
+
+async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
+    """What the guest sends first, until a name can be read (or it stops, or the cap)."""
+    data = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_PEEK_TIMEOUT_S):
+            while len(data) < MAX_PEEK:
+                chunk = await reader.read(MAX_PEEK - len(data))
+                if not chunk:
+                    break
+                data += chunk
+                if _name_of(data) is not None or (
+                    not is_tls(data) and b"\r\n\r\n" in data
+                ):  # a name, or a complete request head without one
+                    break
+    return data
+
+
+def _name_of(data: bytes) -> str | None:
+    return server_name(data) if is_tls(data) else host_of_http(data)
+
+
+async def _upstream(
+    policy: EgressPolicy, name: str | None, destination: str, port: int
+) -> Address | None:
+    """The address to connect to, or ``None``: refused."""
+    chosen = ipaddress.ip_address(destination)
+    verdict = policy.host_verdict(name) if name is not None else None
+    if verdict == Verdict.REFUSE:
+        return None
+    if verdict == Verdict.ACCEPT:
+        assert name is not None
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                name, port, family=socket.AF_INET, type=socket.SOCK_STREAM
+            )
+        except OSError:
+            return None
+        addresses = [ipaddress.ip_address(info[4][0]) for info in found]
+        if not addresses:
+            return None
+        chosen = chosen if chosen in addresses else addresses[0]
+    elif policy.address_verdict(chosen) == Verdict.REFUSE:
+        return None
+    return None if _is_local(chosen) else chosen
+
+
+def _is_local(address: Address) -> bool:
+    """Whether ``address`` is one of the host's own: binding to it succeeds."""
+    if address.is_loopback or address.is_unspecified:
+        return True
+    with socket.socket(socket.AF_INET if address.version == 4 else socket.AF_INET6) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(_CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        pass
+
+
+async def _serve(
+    policies: _Policy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    try:
+        sock = writer.get_extra_info("socket")
+        destination, port = original_destination(sock)
+        first = await _first_bytes(reader)
+        address = await _upstream(policies.current(), _name_of(first), destination, port)
+        if address is None:
+            return
+        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+            up_reader, up_writer = await asyncio.open_connection(str(address), port)
+        try:
+            up_writer.write(first)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            up_writer.close()
+    except (OSError, TimeoutError, ValueError):
+        pass  # the guest sees its connection closed
+    finally:
+        writer.close()
+
+
+async def _run(policy_file: Path, listen_fd: int) -> None:
+    policies = _Policy(policy_file)
+    listener = socket.socket(fileno=listen_fd)
+    server = await asyncio.start_server(
+        lambda r, w: _serve(policies, r, w), sock=listener, limit=MAX_PEEK
+    )
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    asyncio.run(_run(Path(sys.argv[1]), int(sys.argv[2])))
+
+
+if __name__ == "__main__":
+    main()
