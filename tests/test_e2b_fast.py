@@ -96,7 +96,7 @@ def test_bad_arguments_are_400(gateway: Gateway) -> None:
                       headers=headers)  # fmt: skip
     assert fork.status_code == 400
     for network in (
-        {"allowOut": ["pypi.org"]},
+        {"allowOut": ["py_pi.org"]},
         {"maskRequestHost": "a\r\nb"},
         {"rules": {"api.example.com": [{"transform": {"headers": {"A": "b"}}}]}},
     ):

@@ -132,7 +132,13 @@ def test_install_script_shape() -> None:
     assert lines.index(f"flush map {t} {map4}") < lines.index(elements)
     assert policy_map(EgressPolicy.of(deny=["198.51.100.0/24"], allow=["10.231.0.2"]), 4) == map4
     assert policy_map(EgressPolicy(), 4) != map4
-    assert lines[-1] == f"add element {t} sessions {{ 1900000007 : goto u1900000007 }}"
+    assert f"add element {t} sessions {{ 1900000007 : goto u1900000007 }}" in lines
+    # no names: the session's NAT chain exists, empty (nothing redirected to a proxy)
+    assert lines[-3:] == [
+        f"add chain {t} n1900000007",
+        f"flush chain {t} n1900000007",
+        f"add element {t} nat_sessions {{ 1900000007 : goto n1900000007 }}",
+    ]
 
 
 def test_remove_script_touches_only_its_session() -> None:
@@ -275,8 +281,11 @@ def test_e2b_rules_let_an_allow_beat_any_deny() -> None:
     assert egress_of(None, None, False).no_internet
     assert not egress_of(["10.0.0.1"], None, False).no_internet
     assert egress_of(None, ["10.1.2.3/8"], True).deny == ("10.0.0.0/8",)
-    for bad in (["pypi.org"], ["10.0.0.0/33"]):
-        with pytest.raises(InvalidInput, match="not an IP address or CIDR"):
+    named = egress_of(["PyPI.org"], ["0.0.0.0/0", "pypi.org", "evil.org"], None)
+    assert named.allow == ("pypi.org",)  # an allowed name beats the same name denied
+    assert named.deny == ("0.0.0.0/0", "::/0", "evil.org")
+    for bad in (["py_pi.org"], ["10.0.0.0/33"]):
+        with pytest.raises(InvalidInput, match="not an IP address, CIDR or host name"):
             egress_of(bad, None, None)
     with pytest.raises(InvalidInput, match="at most"):
         egress_of([f"10.0.{i}.0/24" for i in range(65)], None, None)

@@ -182,7 +182,8 @@ for step in steps:
     if os.fork() == 0:
         os.setgid(uid)
         os.setuid(uid)
-        os.write(write, json.dumps([attempt(t, p) for t, p in zip(step["targets"], payloads)]).encode())
+        got = [attempt(t, p) for t, p in zip(step["targets"], payloads)]
+        os.write(write, json.dumps(got).encode())
         os._exit(0)
     os.close(write)
     with os.fdopen(read) as pipe:

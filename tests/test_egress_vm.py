@@ -45,6 +45,8 @@ PRIVATE, METADATA, PRIVATE_192 = "10.231.0.2", "169.254.169.254", "192.168.231.2
 RESOLVER = "10.231.0.53"
 PORT = 7000
 RESOLV_CONF = Path("/etc/netns") / GUESTSIDE / "resolv.conf"
+HOSTS = RESOLV_CONF.with_name("hosts")  # the host's names (the egress proxy resolves them)
+WORLD_NAME = "world.test"
 FORKPOINT = str(Path(sys.executable).with_name("forkpoint"))
 
 # One process per namespace: TCP listeners greet and log whoever connects, UDP ones echo.
@@ -161,8 +163,10 @@ def network() -> Iterator[Network]:
         _sh(*_in(WORLD, "ip", "link", "set", "fpt-w0", "up"))
         RESOLV_CONF.parent.mkdir(parents=True, exist_ok=True)
         RESOLV_CONF.write_text(f"nameserver {RESOLVER}\n")
+        HOSTS.write_text(f"127.0.0.1 localhost\n{WORLD_ADDRESS} {WORLD_NAME} other.test\n")
         listeners.append(_listen(GUESTSIDE, f"tcp:127.0.0.1:{PORT}", f"tcp:{HOST_ADDRESS}:{PORT}"))
         tcp = [f"tcp:{a}:{PORT}" for a in (PRIVATE, PRIVATE_192, WORLD_ADDRESS, RESOLVER)]
+        tcp.append(f"tcp:{WORLD_ADDRESS}:80")
         listeners.append(_listen(WORLD, *tcp, f"tcp:{METADATA}:80", f"udp:{RESOLVER}:53"))
         yield Network(*listeners)
     finally:
@@ -357,12 +361,25 @@ sys.path.insert(0, sys.argv[1])
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox
 from e2b_gateway import running_gateway
 
-world, private = sys.argv[2], sys.argv[3]
+world, private, world_name = sys.argv[2], sys.argv[3], sys.argv[5]
 CONNECT = "python3 -c 'import socket,sys; socket.create_connection((sys.argv[1], {}), timeout=4)' "
+# An HTTP request for a name, at an address: answered only if the greeting comes back.
+ASK = (
+    "python3 -c 'import socket,sys; s = socket.create_connection((sys.argv[1], 80), timeout=4); "
+    "s.sendall(b\"GET / HTTP/1.1\\r\\nHost: \" + sys.argv[2].encode() + b\"\\r\\n\\r\\n\"); "
+    "sys.exit(0 if s.recv(5) == b\"hello\" else 1)' "
+)
 
 def reaches(sbx, address):
     try:
         sbx.commands.run(CONNECT.format(sys.argv[4]) + address, timeout=60)
+        return True
+    except CommandExitException:
+        return False
+
+def answered(sbx, name):
+    try:
+        sbx.commands.run(ASK + world + " " + name, timeout=60)
         return True
     except CommandExitException:
         return False
@@ -378,6 +395,9 @@ with running_gateway("--e2b-timeout", "600"):
         out["deny-one"] = [reaches(sbx, private), reaches(sbx, world)]
         sbx.update_network({})
         out["cleared"] = [reaches(sbx, private), reaches(sbx, world)]
+        sbx.update_network({"deny_out": [ALL_TRAFFIC], "allow_out": [world_name]})
+        out["by-name"] = [answered(sbx, world_name), answered(sbx, "other.test"),
+                          reaches(sbx, world)]
     finally:
         sbx.kill()
     offline = Sandbox.create(timeout=600, allow_internet_access=False)
@@ -392,7 +412,7 @@ print(json.dumps(out))
 def test_e2b_network_rules_and_update_network(network: Network) -> None:
     done = subprocess.run(
         _in(GUESTSIDE, sys.executable, "-c", E2B_RULES, str(Path(__file__).parent),
-            WORLD_ADDRESS, PRIVATE, str(PORT)),
+            WORLD_ADDRESS, PRIVATE, str(PORT), WORLD_NAME),
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -400,6 +420,10 @@ def test_e2b_network_rules_and_update_network(network: Network) -> None:
     assert out["allow-list"] == [True, False], out  # allow beats the deny of everything
     assert out["deny-one"] == [False, False], out  # replaced: the allow is gone too
     assert out["cleared"] == [False, True], out  # E2B's defaults are forkpoint's
+    # a name allowed, all else denied: HTTP for that name is answered, for another name
+    # at the very same address not, and other ports to that address stay closed
+    assert out["by-name"] == [True, False, False], out
     assert out["update_s"] < 1, out
     assert out["offline"] == [False, False], out
     assert network.guestside.hits() == []
+    assert network.world.hits().count(f"tcp:{WORLD_ADDRESS}:80") == 1  # only the named one

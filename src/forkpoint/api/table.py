@@ -298,8 +298,9 @@ OPERATIONS: tuple[Op, ...] = (
         CreateSessionRequest, Session, status=201, cost=Cost.CREATE, mcp=True,
         description="Create a session (a microVM) from an image; ``ports`` are guest ports "
         "to forward to the host's 127.0.0.1. The guest reaches the internet but not the "
-        "host, private or link-local addresses; ``allow_net``/``deny_net`` (CIDRs) adjust "
-        "that. ``timeout_s``: seconds until it is removed (or paused: ``on_expiry``). "
+        "host, private or link-local addresses; ``allow_net``/``deny_net`` (CIDRs, or host "
+        "names judged by the name each HTTP or TLS connection asks for) adjust that. "
+        "``timeout_s``: seconds until it is removed (or paused: ``on_expiry``). "
         "``disk_mib``: its virtual "
         "disk's size. ``history``: checkpoint automatically before every exec and file "
         "write, so `undo` can take steps back (``history_keep`` of them). Returns the "
@@ -336,8 +337,10 @@ OPERATIONS: tuple[Op, ...] = (
         "set_egress", "PUT", f"{_S}/egress", _set_egress, "Set where a session's guest may "
         "connect", "sessions", EgressRequest, Session, mcp=True,
         description="Replace the session's egress adjustments: ``allow_net``/``deny_net`` "
-        "(CIDRs) on top of the defaults (internet yes; host, private and link-local "
-        "addresses no); empty lists restore the defaults. A running guest is held to them "
+        "(CIDRs, or host names such as pypi.org or *.example.com, judged by the name each "
+        "HTTP or TLS connection asks for; an allowed name beats a denied one) on top of the "
+        "defaults (internet yes; host, private and link-local addresses no); empty lists "
+        "restore the defaults. A running guest is held to them "
         "at once for every new connection.",
     ),
     Op(

@@ -40,11 +40,13 @@ NetworkOption = Annotated[
 AllowNetOption = Annotated[
     list[str] | None,
     typer.Option(
-        "--allow-net", help="CIDR the guest may reach despite the default denies (repeatable)."
+        "--allow-net",
+        help="CIDR, or host name (pypi.org, *.example.com: judged by the name each HTTP or "
+        "TLS connection asks for), the guest may reach despite the denies (repeatable).",
     ),
 ]
 DenyNetOption = Annotated[
     list[str] | None,
-    typer.Option("--deny-net", help="CIDR the guest may not reach (repeatable)."),
+    typer.Option("--deny-net", help="CIDR or host name the guest may not reach (repeatable)."),
 ]
 OnTimeoutOption = Annotated[Expiry, typer.Option("--on-timeout", help=_help("on_expiry"))]

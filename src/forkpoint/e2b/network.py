@@ -5,6 +5,8 @@ E2B lets an allowed destination beat any denied one; forkpoint's policy lets the
 specific CIDR win, a tie going to deny (:mod:`forkpoint.vm.egress`). Two CIDRs are either
 nested or disjoint, so the two agree once every denied CIDR lying inside an allowed one is
 dropped: what is left of the denies is either disjoint from the allows or wider than them.
+Host names (``pypi.org``, ``*.example.com``) are carried as they are: forkpoint's egress
+proxy lets an allowed name beat a denied one, as E2B does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import MAX_EGRESS_RULES
+from forkpoint.vm.egress import EgressPolicy, is_host_name, parse_rule
 
 __all__ = ["ALL_TRAFFIC", "Egress", "egress_of", "host_mask", "refuse_rules"]
 
@@ -44,11 +47,14 @@ def egress_of(
 ) -> Egress:
     """What E2B's ``allowOut``, ``denyOut`` and ``allow_internet_access`` ask for.
 
-    :raises InvalidInput: not an address or CIDR (host names are not supported), or more
-        than forkpoint keeps.
+    :raises InvalidInput: not an address, CIDR or host name, or more than forkpoint keeps.
     """
-    allow = [_network(text, "allowOut") for text in allow_out or ()]
-    deny = [_network(text, "denyOut") for text in deny_out or ()]
+    allow_names = {_rule(text, "allowOut") for text in allow_out or ()}
+    deny_names = {_rule(text, "denyOut") for text in deny_out or ()}
+    allow = [ipaddress.ip_network(r) for r in allow_names if not is_host_name(r)]
+    deny = [ipaddress.ip_network(r) for r in deny_names if not is_host_name(r)]
+    allow_names = {r for r in allow_names if is_host_name(r)}
+    deny_names = {r for r in deny_names if is_host_name(r)} - allow_names
     if internet is False:  # E2B: the same as denyOut 0.0.0.0/0
         deny.append(ipaddress.ip_network(ALL_TRAFFIC))
     if ipaddress.ip_network(ALL_TRAFFIC) in deny:
@@ -57,10 +63,11 @@ def egress_of(
         net for net in deny
         if not any(net.version == a.version and net.subnet_of(a) for a in allow)  # type: ignore[arg-type]
     ]  # fmt: skip
-    for name, nets in (("allowOut", allow), ("denyOut", kept)):
-        if len(set(nets)) > MAX_EGRESS_RULES:
-            raise InvalidInput(f"{name}: at most {MAX_EGRESS_RULES} entries")
-    return Egress(tuple(sorted({str(n) for n in allow})), tuple(sorted({str(n) for n in kept})))
+    for field, nets, names in (("allowOut", allow, allow_names), ("denyOut", kept, deny_names)):
+        if len(set(nets)) + len(names) > MAX_EGRESS_RULES:
+            raise InvalidInput(f"{field}: at most {MAX_EGRESS_RULES} entries")
+    policy = EgressPolicy.of([*map(str, allow), *allow_names], [*map(str, kept), *deny_names])
+    return Egress(policy.allow, policy.deny)
 
 
 def host_mask(mask: str | None) -> str | None:
@@ -90,11 +97,8 @@ def refuse_rules(rules: object) -> None:
         )
 
 
-def _network(text: str, field: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _rule(text: str, field: str) -> str:
     try:
-        return ipaddress.ip_network(text.strip(), strict=False)
-    except ValueError:
-        raise InvalidInput(
-            f"{field}: {text!r} is not an IP address or CIDR (forkpoint does not filter by "
-            "host name: give the addresses)"
-        ) from None
+        return parse_rule(text)
+    except InvalidInput:
+        raise InvalidInput(f"{field}: {text!r} is not an IP address, CIDR or host name") from None

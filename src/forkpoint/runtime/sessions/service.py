@@ -79,7 +79,7 @@ class Sessions:
         on_expiry: Expiry | str = Expiry.REMOVE,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
-        ``allow_net``/``deny_net``: CIDRs adjusting the default egress policy (see
+        ``allow_net``/``deny_net``: CIDRs and host names adjusting the default egress policy (see
         :mod:`forkpoint.vm.egress`). ``timeout_s``: its lifetime, from now, and
         ``on_expiry`` what happens at its end (see :meth:`set_timeout`). ``disk_mib``: its
         virtual disk's size, at least the image's (see ``disksize``).
