@@ -98,7 +98,8 @@ def test_bad_arguments_are_400(gateway: Gateway) -> None:
     for network in (
         {"allowOut": ["py_pi.org"]},
         {"maskRequestHost": "a\r\nb"},
-        {"rules": {"api.example.com": [{"transform": {"headers": {"A": "b"}}}]}},
+        {"rules": {"api.example.com": [{"transform": {"body": "b"}}]}},
+        {"rules": {"api.example.com": [{"transform": {"headers": {"A": "b\r\nC: d"}}}]}},
     ):
         bad = httpx.post(f"{gateway.url}/v2/sandboxes", json={"network": network},
                          headers=headers)  # fmt: skip

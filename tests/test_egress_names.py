@@ -47,11 +47,12 @@ def test_names_and_addresses_in_one_policy() -> None:
         allow=["PyPI.org.", "10.1.0.0/16", "*.pythonhosted.org"], deny=["0.0.0.0/0", "evil.org"]
     )
     assert policy.allow == ("10.1.0.0/16", "*.pythonhosted.org", "pypi.org")
-    assert policy.names_hosts and not EgressPolicy.of(allow=["10.0.0.0/8"]).names_hosts
+    assert policy.needs_proxy and not EgressPolicy.of(allow=["10.0.0.0/8"]).needs_proxy
     assert EgressPolicy.from_json(policy.to_json()) == policy
     assert policy.host_verdict("pypi.org") == Verdict.ACCEPT
     assert policy.host_verdict("files.pythonhosted.org") == Verdict.ACCEPT
-    assert policy.host_verdict("pythonhosted.org") == Verdict.ACCEPT  # the name itself too
+    assert policy.host_verdict("a.b.pythonhosted.org") == Verdict.ACCEPT  # any depth
+    assert policy.host_verdict("pythonhosted.org") is None  # not the name itself (E2B's rule)
     assert policy.host_verdict("notpythonhosted.org") is None
     assert policy.host_verdict("evil.org") == Verdict.REFUSE
     assert policy.host_verdict("sub.pypi.org") is None  # no wildcard: that name only
@@ -74,6 +75,64 @@ def test_requests_take_names_and_refuse_what_is_neither_in_one_line() -> None:
     assert "\n" not in str(caught.value) and "not a CIDR, an address or a host name" in str(
         caught.value
     )
+
+
+def test_injected_headers_are_checked_matched_like_e2b_and_never_shown() -> None:
+    secret = "Bearer s3cret-token"
+    policy = EgressPolicy.of(
+        allow=["api.example.com"],
+        headers={
+            "API.example.com": {"Authorization": secret},
+            "*.example.com": {"X-Wild": "1"},
+            "*.eu.example.com": {"X-Region": "eu"},
+        },
+    )
+    assert policy.needs_proxy and EgressPolicy.of(headers={"a.org": {"A": "b"}}).needs_proxy
+    assert policy.headers_for("api.example.com") == {"Authorization": secret}  # exact first
+    assert policy.headers_for("x.eu.example.com") == {"X-Region": "eu"}  # longest suffix
+    assert policy.headers_for("x.example.com") == {"X-Wild": "1"}  # never merged
+    assert policy.headers_for("example.com") == {} == policy.headers_for("other.org")
+    assert EgressPolicy.from_json(policy.to_json()) == policy  # the store keeps the values
+    shown = json.dumps(policy.shown())
+    assert "s3cret" not in shown and "api.example.com: Authorization" in shown
+    for bad, words in (
+        ({"bad_host": {"A": "b"}}, "not a host name"),
+        ({"a.org": {"Bad Name": "b"}}, "not a header name"),
+        ({"a.org": {"A": "b\r\nX-Evil: 1"}}, "one line"),
+        ({"a.org": {}}, "1 to 16 headers"),
+    ):
+        with pytest.raises(InvalidInput, match=words):
+            EgressPolicy.of(headers=bad)
+    with pytest.raises(InvalidInput) as caught:
+        parse(CreateSessionRequest, inject_headers={"a.org": {"A": "b\nc"}})
+    assert "\n" not in str(caught.value) and "inject_headers" in str(caught.value)
+
+
+def test_cli_and_e2b_spell_headers_their_own_way(tmp_path: Path) -> None:
+    from forkpoint.cli.options import inject_headers_of
+    from forkpoint.e2b.network import egress_of, headers_of
+
+    (tmp_path / "token").write_text("Bearer from-a-file\n")
+    assert inject_headers_of(
+        ["api.example.com:Authorization=Bearer x=y", f"api.example.com:X-Key=@{tmp_path}/token"]
+    ) == {"api.example.com": {"Authorization": "Bearer x=y", "X-Key": "Bearer from-a-file"}}
+    for bad in ("no-colon", "host:no-equals", f"h.org:A=@{tmp_path}/missing"):
+        with pytest.raises(InvalidInput, match="--inject-header"):
+            inject_headers_of([bad])
+    rules = {"api.example.com": [{"transform": {"headers": {"A": "1"}}},
+                                 {"transform": {"headers": {"B": "2", "A": "3"}}}]}  # fmt: skip
+    assert headers_of(rules) == {"api.example.com": {"A": "3", "B": "2"}}
+    assert headers_of(None) is None  # an update without rules keeps the session's
+    assert egress_of(None, None, None, rules).policy.headers_for("api.example.com") == {
+        "A": "3", "B": "2"
+    }  # fmt: skip
+    malformed: list[object] = [
+        {"a.org": {"transform": {}}}, {"a.org": [{"transform": {"body": "x"}}]},
+        {"a.org": [{"transform": {"headers": {"A": 1}}}]}, ["a.org"],
+    ]  # fmt: skip
+    for bad_rules in malformed:
+        with pytest.raises(InvalidInput, match="network.rules"):
+            headers_of(bad_rules)
 
 
 def test_the_name_a_connection_asks_for() -> None:
@@ -168,14 +227,18 @@ def attempt(target, payload):
             s.settimeout(5)
             s.connect((address, port))
             s.sendall(payload)
-            got = s.recv(8)
-            return "open" if got.startswith(b"echo") else "closed"
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+            if not got.startswith(b"echo"):
+                return "closed"
+            return "open+secret" if b"Authorization: Bearer s3cret\r\n" in got else "open"
     except OSError as e:
         return type(e).__name__
 
 results = []
 for step in steps:
-    policy = EgressPolicy.of(step["allow"], step["deny"])
+    policy = EgressPolicy.of(step["allow"], step["deny"], step.get("headers"))
     install_rules(uid, policy, SESSION_UIDS, proxy_for(uid, policy))
     payloads = [payload(t) for t in step["targets"]]
     read, write = os.pipe()
@@ -283,22 +346,34 @@ def test_the_proxy_judges_each_connection_by_the_name_it_asks_for(
             [PRIVATE, 80, "http", "private.test"],  # the default denies still hold
         ],
     }
+    credentials = {  # set on plain HTTP to the named host only; TLS passes untouched
+        "allow": [],
+        "deny": [],
+        "headers": {"named.test": {"Authorization": "Bearer s3cret"}},
+        "targets": [
+            [NAMED, 80, "http", "named.test"],
+            [NAMED, 443, "tls", "named.test"],
+            [OTHER, 80, "http", "other.test"],
+        ],
+    }
     addresses_only = {"allow": [], "deny": [], "targets": [[OTHER, 80, "http", "x.test"]]}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     done = subprocess.run(
         _in(GUESTSIDE, sys.executable, "-c", SCENARIO, str(UID),
-            json.dumps([allow_list, deny_list, addresses_only])),
+            json.dumps([allow_list, deny_list, credentials, addresses_only])),
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    first, files, second, files_again, third, no_files = json.loads(done.stdout)
+    first, files, second, files_again, injected, _, third, no_files = json.loads(done.stdout)
     assert first == ["open", "open", "open", "closed", "closed", "closed", "closed",
                      "ConnectionRefusedError"], first  # fmt: skip
     assert files == ["log", "pid", "policy.json", "port"] == files_again
     assert second == ["closed", "closed", "open", "closed"], second
+    assert injected == ["open+secret", "open", "open"], injected
     assert third == ["open"] and no_files == []  # no names: no proxy, the kernel alone
     hits = _hits(world)
     assert sorted(hits) == sorted(
         [f"{NAMED}:80", f"{NAMED}:80", f"{NAMED}:443", f"{OTHER}:80", f"{OTHER}:80"]
+        + [f"{NAMED}:80", f"{NAMED}:443", f"{OTHER}:80"]
     ), hits
     assert not (Path("/run/forkpoint/egress") / str(UID)).exists()

@@ -122,8 +122,12 @@ class Listener:
 
 
 def _listen(ns: str, *specs: str) -> Listener:
+    return _listen_with(ns, LISTENER, *specs)
+
+
+def _listen_with(ns: str, script: str, *args: str) -> Listener:
     process = subprocess.Popen(
-        _in(ns, sys.executable, "-c", LISTENER, *specs), stdout=subprocess.PIPE, text=True
+        _in(ns, sys.executable, "-c", script, *args), stdout=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
     if process.stdout.readline().strip() != "ready":
@@ -427,3 +431,81 @@ def test_e2b_network_rules_and_update_network(network: Network) -> None:
     assert out["offline"] == [False, False], out
     assert network.guestside.hits() == []
     assert network.world.hits().count(f"tcp:{WORLD_ADDRESS}:80") == 1  # only the named one
+
+
+# A web server in the world that records the Authorization header it was sent, and answers
+# without repeating it.
+RECORDER = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 80))
+s.listen(4)
+print("ready", flush=True)
+while True:
+    conn, _ = s.accept()
+    conn.settimeout(5)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    auth = [l for l in head.decode().split("\r\n") if l.lower().startswith("authorization:")]
+    print("auth", auth[0].split(":", 1)[1].strip() if auth else "-", flush=True)
+    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    conn.close()
+"""
+RECORDER_ADDRESS = "198.51.100.4"
+# In the guest: an HTTP request for world.test, printing the status line it got back.
+FETCH = (
+    "import socket, sys; s = socket.create_connection((sys.argv[1], 80), timeout=10); "
+    "s.sendall(b'GET / HTTP/1.1\\r\\nHost: world.test\\r\\n\\r\\n'); "
+    "print(s.recv(4096).split(b'\\r\\n')[0].decode())"
+)
+
+
+def _holds(path: Path, needle: bytes) -> bool:
+    """Whether ``needle`` is anywhere in the file (read in overlapping chunks)."""
+    tail = b""
+    with path.open("rb") as f:
+        while chunk := f.read(8 << 20):
+            if needle in tail + chunk:
+                return True
+            tail = chunk[-len(needle) :]
+    return False
+
+
+def test_an_injected_credential_goes_out_but_never_into_the_guest(
+    network: Network, tmp_path: Path
+) -> None:
+    secret = f"Bearer fp-{os.urandom(12).hex()}"
+    (tmp_path / "token").write_text(secret + "\n")
+    _sh(*_in(WORLD, "ip", "addr", "add", f"{RECORDER_ADDRESS}/32", "dev", "fpt-w0"))
+    recorder = _listen_with(WORLD, RECORDER, RECORDER_ADDRESS)
+    session = json.loads(
+        _forkpoint(
+            "create",
+            "--json",
+            "--inject-header",
+            f"{WORLD_NAME}:Authorization=@{tmp_path / 'token'}",
+        )  # fmt: skip
+    )
+    try:
+        assert session["egress"]["headers"] == [f"{WORLD_NAME}: Authorization"]
+        assert secret not in _forkpoint("show", "--json", session["id"])
+        out = json.loads(_forkpoint("exec", "--json", session["id"], "--", "python3", "-c",
+                                    FETCH, RECORDER_ADDRESS))  # fmt: skip
+        assert out["stdout"].strip() == "HTTP/1.0 200 OK", out
+        # the guest's own files and memory, as a checkpoint holds them: no trace of it
+        checkpoint = json.loads(_forkpoint("checkpoint", "--json", session["id"]))
+        home = Path(os.environ["FORKPOINT_HOME"])
+        stored = [*(home / "checkpoints" / checkpoint["id"]).iterdir(),
+                  *(home / "layers").iterdir()]  # fmt: skip
+        assert any(p.name == "ram" for p in stored)
+        assert not [p for p in stored if p.is_file() and _holds(p, secret.encode())]
+    finally:
+        _forkpoint("rm", session["id"])
+        recorder.process.terminate()
+        lines, _ = recorder.process.communicate(timeout=10)
+    assert [line for line in lines.splitlines() if line.startswith("auth ")] == [f"auth {secret}"]

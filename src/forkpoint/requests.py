@@ -225,6 +225,35 @@ EgressRule = Annotated[
 EgressRules = Annotated[tuple[EgressRule, ...], Field(max_length=MAX_EGRESS_RULES)]
 
 
+def _headers(headers: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    from forkpoint.errors import InvalidInput
+    from forkpoint.vm.egress import parse_headers
+
+    try:
+        return {host: dict(fields) for host, fields in parse_headers(headers)}
+    except InvalidInput as error:
+        raise ValueError(error.message) from None
+
+
+InjectHeaders = Annotated[
+    dict[
+        Annotated[str, StringConstraints(max_length=253)],
+        dict[
+            Annotated[str, StringConstraints(max_length=128)],
+            Annotated[str, StringConstraints(max_length=8192)],
+        ],
+    ],
+    Field(
+        max_length=64,
+        description="Headers set on the guest's plain-HTTP requests to a host, e.g. "
+        '{"api.example.com": {"Authorization": "Bearer ..."}} (``*.example.com``: every name '
+        "under it; the exact name wins, else the longest match). The values stay on the host: "
+        "the guest never sees them, and forkpoint shows only the header names.",
+    ),
+    AfterValidator(_headers),
+]
+
+
 class _Request(BaseModel):
     # Requests reject what they do not know: a misspelt option is an error, not ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -255,6 +284,7 @@ class CreateSessionRequest(_Request):
         default=(),
         description="CIDRs or host names the guest may not reach, on top of the default denies.",
     )
+    inject_headers: InjectHeaders = Field(default_factory=dict)
     timeout_s: TimeoutS | None = None
     disk_mib: Annotated[int, Field(ge=1, le=MAX_DISK_MIB), _JSON_INTEGER] | None = None
     history: Flag = False  # a checkpoint before every exec and file write (undo)
@@ -281,6 +311,7 @@ class EgressRequest(_Request):
         default=(),
         description="CIDRs or host names the guest may not reach, on top of the default denies.",
     )
+    inject_headers: InjectHeaders = Field(default_factory=dict)
 
 
 #: What a REST/MCP image build may carry: the Dockerfile and its build context's files.

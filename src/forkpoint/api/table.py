@@ -159,7 +159,9 @@ async def _set_timeout(rt: Runtime, ids: Ids, request: TimeoutRequest) -> Sessio
 
 
 async def _set_egress(rt: Runtime, ids: Ids, request: EgressRequest) -> Session:
-    return await rt.set_egress(ids["session_id"], request.allow_net, request.deny_net)
+    return await rt.set_egress(
+        ids["session_id"], request.allow_net, request.deny_net, request.inject_headers
+    )
 
 
 async def _pause(rt: Runtime, ids: Ids, request: PauseRequest) -> Session:

@@ -17,8 +17,8 @@ from forkpoint.models import Expiry
 from forkpoint.requests import CreateSessionRequest
 
 __all__ = [
-    "AllowNetOption", "CpusOption", "DenyNetOption", "ImageOption", "MemoryOption",
-    "NetworkOption", "OnTimeoutOption",
+    "AllowNetOption", "CpusOption", "DenyNetOption", "ImageOption", "InjectHeaderOption",
+    "MemoryOption", "NetworkOption", "OnTimeoutOption", "inject_headers_of",
 ]  # fmt: skip
 
 
@@ -49,4 +49,39 @@ DenyNetOption = Annotated[
     list[str] | None,
     typer.Option("--deny-net", help="CIDR or host name the guest may not reach (repeatable)."),
 ]
+InjectHeaderOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--inject-header",
+        metavar="HOST:NAME=VALUE",
+        help="Set header NAME on the guest's plain-HTTP requests to HOST (*.example.com: "
+        "every name under it); the value stays on the host, never in the guest. "
+        "NAME=@FILE reads the value from FILE (repeatable).",
+    ),
+]
 OnTimeoutOption = Annotated[Expiry, typer.Option("--on-timeout", help=_help("on_expiry"))]
+
+
+def inject_headers_of(options: list[str] | None) -> dict[str, dict[str, str]]:
+    """``--inject-header HOST:NAME=VALUE`` (or ``NAME=@FILE``) options as a request's
+    ``inject_headers``; the request checks hosts, names and values.
+
+    :raises InvalidInput: an option without ``:`` or ``=``, or a file that cannot be read.
+    """
+    from pathlib import Path
+
+    from forkpoint.errors import InvalidInput
+
+    headers: dict[str, dict[str, str]] = {}
+    for option in options or ():
+        host, colon, field = option.partition(":")
+        name, equals, value = field.partition("=")
+        if not (colon and equals and host and name):
+            raise InvalidInput(f"--inject-header {option!r}: expected HOST:NAME=VALUE")
+        if value.startswith("@"):
+            try:
+                value = Path(value[1:]).read_text().strip("\r\n")
+            except OSError as error:
+                raise InvalidInput(f"--inject-header {host}:{name}: {error.strerror}") from None
+        headers.setdefault(host, {})[name] = value
+    return headers

@@ -28,9 +28,11 @@ from forkpoint.cli.options import (
     CpusOption,
     DenyNetOption,
     ImageOption,
+    InjectHeaderOption,
     MemoryOption,
     NetworkOption,
     OnTimeoutOption,
+    inject_headers_of,
 )
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
@@ -72,6 +74,7 @@ def create_command(
     network: NetworkOption = "user",
     allow_net: AllowNetOption = None,
     deny_net: DenyNetOption = None,
+    inject_header: InjectHeaderOption = None,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", help="End the session's lifetime after this many seconds."),
@@ -95,7 +98,8 @@ def create_command(
     """Create a session (a running microVM) from an image.
 
     Its guest reaches the internet but not the host, link-local (metadata services) or
-    private addresses; --allow-net and --deny-net adjust that.
+    private addresses; --allow-net and --deny-net adjust that, and --inject-header sets
+    credentials on its plain-HTTP requests to a host without the guest ever seeing them.
 
     The first session of an image boots it once to build its template: that can take
     minutes under TCG. Every later create forks the template in milliseconds.
@@ -105,11 +109,12 @@ def create_command(
         return await runtime.create(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
             network=network, allow_net=allow_net or [], deny_net=deny_net or [],
-            timeout_s=timeout, disk_mib=disk_mib, history=history,
+            inject_headers=headers, timeout_s=timeout, disk_mib=disk_mib, history=history,
             history_keep=history_keep, on_expiry=on_timeout,
         )  # fmt: skip
 
     disk_mib = _mib(disk) if disk is not None else None
+    headers = inject_headers_of(inject_header)
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:
         session = run(op)
@@ -322,14 +327,17 @@ def egress_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
     allow_net: AllowNetOption = None,
     deny_net: DenyNetOption = None,
+    inject_header: InjectHeaderOption = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replace where a session's guest may connect: --allow-net/--deny-net on top of the
-    defaults (none given: the defaults). A running guest is held to them at once, for
-    every connection it opens from then on."""
+    defaults, and the headers set on its requests, --inject-header (none given: the
+    defaults, no headers). A running guest is held to them at once, for every connection
+    it opens from then on."""
+    headers = inject_headers_of(inject_header)
 
     async def op(runtime: Runtime) -> Session:
-        return await runtime.set_egress(session, allow_net or [], deny_net or [])
+        return await runtime.set_egress(session, allow_net or [], deny_net or [], headers)
 
     s = run(op)
     if as_json:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from forkpoint.errors import Conflict, ForkpointError
 from forkpoint.models import Metric
 
-from .network import ALL_TRAFFIC, egress_of, host_mask, refuse_rules
+from .network import ALL_TRAFFIC, egress_of, host_mask
 from .sandboxes import Sandbox, Sandboxes, SandboxSpec
 from .wire import (
     ApiError,
@@ -86,11 +86,12 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
     @router.post("/v2/sandboxes", status_code=201, response_model=SandboxOut)
     async def create(body: NewSandbox) -> SandboxOut:
         network = body.network or NetworkBody()
-        refuse_rules(network.rules)
         spec = SandboxSpec(
             template=body.templateID, timeout_s=body.timeout, auto_pause=body.autoPause,
             pause_memory=body.autoPauseMemory is not False,
-            egress=egress_of(network.allowOut, network.denyOut, body.allow_internet_access),
+            egress=egress_of(
+                network.allowOut, network.denyOut, body.allow_internet_access, network.rules
+            ),
             metadata=body.metadata or {}, env_vars=body.envVars or {},
             public_traffic=network.allowPublicTraffic is not False,
             auto_resume=body.autoResume is not None and body.autoResume.enabled,
@@ -100,9 +101,9 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
 
     @router.put("/sandboxes/{sandbox_id}/network", status_code=204)
     async def update_network(sandbox_id: str, body: NetworkUpdateBody) -> Response:
-        """E2B: the rules are replaced; a field left out is cleared."""
-        refuse_rules(body.rules)
-        egress = egress_of(body.allowOut, body.denyOut, body.allow_internet_access)
+        """E2B: the rules are replaced; a field left out is cleared, but header transforms
+        (``rules``) are replaced only when given."""
+        egress = egress_of(body.allowOut, body.denyOut, body.allow_internet_access, body.rules)
         await sandboxes.update_network(sandbox_id, egress)
         return Response(status_code=204)
 

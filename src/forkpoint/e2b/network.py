@@ -14,13 +14,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import MAX_EGRESS_RULES
-from forkpoint.vm.egress import EgressPolicy, is_host_name, parse_rule
+from forkpoint.vm.egress import EgressPolicy, is_host_name, parse_headers, parse_rule
 
-__all__ = ["ALL_TRAFFIC", "Egress", "egress_of", "host_mask", "refuse_rules"]
+__all__ = ["ALL_TRAFFIC", "Egress", "egress_of", "headers_of", "host_mask"]
 
 #: E2B's ``ALL_TRAFFIC`` (IPv4 only); denying it denies IPv6 too, as E2B guests have none.
 ALL_TRAFFIC = "0.0.0.0/0"
@@ -31,10 +31,16 @@ _HOST_MASK = re.compile(r"^([A-Za-z0-9.-]|\$\{PORT\})+(:([0-9]{1,5}|\$\{PORT\}))
 
 @dataclass(frozen=True)
 class Egress:
-    """A session's egress adjustments, in forkpoint's terms."""
+    """A session's egress adjustments, in forkpoint's terms; ``headers``: its injected
+    headers (``None``: an update that leaves them as they are)."""
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    headers: dict[str, dict[str, str]] | None = field(default=None, compare=False)
+
+    @property
+    def policy(self) -> EgressPolicy:
+        return EgressPolicy.of(self.allow, self.deny, self.headers)
 
     @property
     def no_internet(self) -> bool:
@@ -43,9 +49,12 @@ class Egress:
 
 
 def egress_of(
-    allow_out: Iterable[str] | None, deny_out: Iterable[str] | None, internet: bool | None
+    allow_out: Iterable[str] | None,
+    deny_out: Iterable[str] | None,
+    internet: bool | None,
+    rules: object = None,
 ) -> Egress:
-    """What E2B's ``allowOut``, ``denyOut`` and ``allow_internet_access`` ask for.
+    """What E2B's ``allowOut``, ``denyOut``, ``allow_internet_access`` and ``rules`` ask for.
 
     :raises InvalidInput: not an address, CIDR or host name, or more than forkpoint keeps.
     """
@@ -63,11 +72,11 @@ def egress_of(
         net for net in deny
         if not any(net.version == a.version and net.subnet_of(a) for a in allow)  # type: ignore[arg-type]
     ]  # fmt: skip
-    for field, nets, names in (("allowOut", allow, allow_names), ("denyOut", kept, deny_names)):
+    for key, nets, names in (("allowOut", allow, allow_names), ("denyOut", kept, deny_names)):
         if len(set(nets)) + len(names) > MAX_EGRESS_RULES:
-            raise InvalidInput(f"{field}: at most {MAX_EGRESS_RULES} entries")
+            raise InvalidInput(f"{key}: at most {MAX_EGRESS_RULES} entries")
     policy = EgressPolicy.of([*map(str, allow), *allow_names], [*map(str, kept), *deny_names])
-    return Egress(policy.allow, policy.deny)
+    return Egress(policy.allow, policy.deny, headers_of(rules))
 
 
 def host_mask(mask: str | None) -> str | None:
@@ -85,20 +94,48 @@ def host_mask(mask: str | None) -> str | None:
     return mask
 
 
-def refuse_rules(rules: object) -> None:
-    """E2B's per-host header transforms (``network.rules``) are not carried out here.
+def headers_of(rules: object) -> dict[str, dict[str, str]] | None:
+    """E2B's ``network.rules`` (``{host: [{"transform": {"headers": {name: value}}}, ...]}``)
+    as forkpoint's injected headers, a host's transforms applied in order; ``None``: not
+    given.
 
-    :raises InvalidInput: some are given.
+    :raises InvalidInput: not that shape, a transform other than headers, or headers
+        forkpoint refuses (:func:`~forkpoint.vm.egress.parse_headers`).
     """
-    if rules:
-        raise InvalidInput(
-            "network.rules (header transforms on outbound requests) are not supported by "
-            "forkpoint's gateway"
-        )
+    if rules is None:
+        return None
+    shape = InvalidInput(
+        'network.rules must be {host: [{"transform": {"headers": {name: value}}}]} '
+        "(header transforms are the only kind forkpoint carries out)"
+    )
+    if not isinstance(rules, dict):
+        raise shape
+    headers: dict[str, dict[str, str]] = {}
+    for host, transforms in rules.items():
+        if not isinstance(transforms, list):
+            raise shape
+        fields = headers.setdefault(str(host), {})
+        for rule in transforms:
+            transform = rule.get("transform") if isinstance(rule, dict) else None
+            if not isinstance(rule, dict) or set(rule) - {"transform"}:
+                raise shape
+            if transform is None:
+                continue
+            added = transform.get("headers") if isinstance(transform, dict) else None
+            if not isinstance(transform, dict) or set(transform) - {"headers"}:
+                raise shape
+            if not isinstance(added, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in added.items()
+            ):
+                raise shape
+            fields.update(added)
+    headers = {host: fields for host, fields in headers.items() if fields}
+    parse_headers(headers)
+    return headers
 
 
-def _rule(text: str, field: str) -> str:
+def _rule(text: str, key: str) -> str:
     try:
         return parse_rule(text)
     except InvalidInput:
-        raise InvalidInput(f"{field}: {text!r} is not an IP address, CIDR or host name") from None
+        raise InvalidInput(f"{key}: {text!r} is not an IP address, CIDR or host name") from None

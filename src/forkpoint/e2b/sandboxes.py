@@ -37,6 +37,7 @@ from forkpoint.models import (
 )
 from forkpoint.runtime import Runtime
 from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
+from forkpoint.vm.egress import EgressPolicy
 
 from .network import Egress
 from .template_builds import TemplateBuilds
@@ -212,15 +213,17 @@ class Sandboxes:
                 session.id, self._timeout(spec.timeout_s), on_expiry, spec.pause_memory
             )
             # A fork keeps its source's rules; a sandbox has those it is created with.
-            wanted = {"allow": list(egress.allow), "deny": list(egress.deny)}
-            if session.network == Network.USER and session.egress != wanted:
-                session = await self.runtime.set_egress(session.id, egress.allow, egress.deny)
+            if session.network == Network.USER and session.egress != egress.policy.shown():
+                session = await self.runtime.set_egress(
+                    session.id, egress.allow, egress.deny, egress.headers
+                )
         else:
             try:
                 with await admission.create():
                     session = await self.runtime.create(
                         image=image, memory_mib=memory_mib, cpus=cpus,
                         network=network, allow_net=egress.allow, deny_net=egress.deny,
+                        inject_headers=egress.headers,
                         timeout_s=self._timeout(spec.timeout_s), on_expiry=on_expiry,
                     )  # fmt: skip
                 if not spec.pause_memory:
@@ -270,7 +273,11 @@ class Sandboxes:
         :raises Conflict: it has no network at all (unjailed, created without internet).
         """
         await asyncio.to_thread(self.get, sandbox_id)
-        await self.runtime.set_egress(sandbox_id, egress.allow, egress.deny)
+        headers = egress.headers
+        if headers is None:  # E2B: rules left out of an update stay as they are
+            record = await asyncio.to_thread(self.runtime.store.get_session, sandbox_id)
+            headers = EgressPolicy.from_json(record.egress).to_json().get("headers", {})
+        await self.runtime.set_egress(sandbox_id, egress.allow, egress.deny, headers)
 
     def _timeout(self, timeout_s: int | None) -> int:
         return self.config.default_timeout_s if timeout_s is None else timeout_s

@@ -38,7 +38,7 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-_Destinations = list[str] | None  # addresses or CIDRs (E2B also takes host names)
+_Destinations = list[str] | None  # addresses, CIDRs or host names
 
 
 class NetworkUpdateBody(_Body):
@@ -47,8 +47,8 @@ class NetworkUpdateBody(_Body):
     allowOut: _Destinations = Field(default=None, max_length=1000)
     denyOut: _Destinations = Field(default=None, max_length=1000)
     allow_internet_access: bool | None = None
-    #: Header transforms per host; refused when given (not supported).
-    rules: dict[str, object] | None = None
+    #: Header transforms per host (``{host: [{"transform": {"headers": {...}}}]}``).
+    rules: dict[str, object] | None = Field(default=None, max_length=64)
 
 
 class NetworkBody(NetworkUpdateBody):

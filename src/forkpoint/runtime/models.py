@@ -5,6 +5,7 @@ from __future__ import annotations
 from forkpoint.models import Checkpoint, Limits, Port, Session, SessionState
 from forkpoint.store import CheckpointRecord, SessionRecord
 from forkpoint.vm.cgroups import CONTROLLERS, limits_in_force
+from forkpoint.vm.egress import EgressPolicy
 
 __all__ = ["checkpoint_of", "limits_of", "session_of"]
 
@@ -28,7 +29,7 @@ def session_of(record: SessionRecord, disk_bytes: int = 0) -> Session:
         disk_mib=record.disk_mib,
         disk_bytes=disk_bytes,
         limits=limits_of(record.qemu_pid) if record.state == SessionState.RUNNING else None,
-        egress={key: list(record.egress.get(key, [])) for key in ("allow", "deny")},
+        egress=EgressPolicy.from_json(record.egress).shown(),  # header values stay here
     )
 
 

@@ -349,6 +349,7 @@ class AsyncSandbox:
         network: Network | str = Network.USER,
         allow_net: Sequence[str] = (),
         deny_net: Sequence[str] = (),
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
         timeout: float | None = None,
         disk_mib: int | None = None,
         history: bool = False,
@@ -359,10 +360,11 @@ class AsyncSandbox:
         runtime: Runtime | None = None,
     ) -> AsyncSandbox:
         """Start a new session from ``image`` (memory in MiB; ``ports``: guest ports to
-        forward to 127.0.0.1; ``allow_net``/``deny_net``: CIDRs adjusting the default
-        egress policy; ``timeout``: seconds until it is removed, or paused with
-        ``on_expiry="pause"``; ``disk_mib``: its virtual
-        disk, at least the image's; ``history``: a checkpoint before every command and
+        forward to 127.0.0.1; ``allow_net``/``deny_net``: CIDRs and host names adjusting
+        the default egress policy; ``inject_headers``: ``{host: {name: value}}`` set on the
+        guest's plain-HTTP requests to that host, never seen by the guest; ``timeout``:
+        seconds until it is removed, or paused with ``on_expiry="pause"``; ``disk_mib``:
+        its virtual disk, at least the image's; ``history``: a checkpoint before every command and
         file write, see :meth:`history` and :meth:`undo`, the last ``history_keep`` kept).
         :raises NotFound: no such image. :raises InvalidInput:
         :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
@@ -370,6 +372,7 @@ class AsyncSandbox:
             info = await client.create(
                 image=image, memory_mib=memory_mib, cpus=cpus, name=name, ports=list(ports),
                 network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
+                inject_headers={h: dict(f) for h, f in (inject_headers or {}).items()},
                 timeout_s=timeout, disk_mib=disk_mib, history=history,
                 history_keep=history_keep, on_expiry=on_expiry,
             )  # fmt: skip
@@ -530,10 +533,16 @@ class AsyncSandbox:
         pause keeping its memory or only its disk (``keep_memory``; None: as before)."""
         self._info = await self._client.set_timeout(self.id, seconds, on_expiry, keep_memory)
 
-    async def set_egress(self, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> None:
-        """Replace where the guest may connect: ``allow``/``deny`` CIDRs on top of the
-        defaults (empty: the defaults). A running guest is held to them at once."""
-        self._info = await self._client.set_egress(self.id, allow, deny)
+    async def set_egress(
+        self,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        """Replace where the guest may connect: ``allow``/``deny`` CIDRs and host names on
+        top of the defaults, and the headers set on its plain-HTTP requests to a host
+        (empty: the defaults, none). A running guest is held to them at once."""
+        self._info = await self._client.set_egress(self.id, allow, deny, inject_headers)
 
     async def pause(self, keep_memory: bool = True) -> None:
         """Checkpoint this session and stop its VM; :meth:`resume` brings it back as it

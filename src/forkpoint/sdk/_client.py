@@ -265,9 +265,17 @@ class ApiClient:
         return updated
 
     async def set_egress(
-        self, session: str, allow_net: Sequence[str], deny_net: Sequence[str]
+        self,
+        session: str,
+        allow_net: Sequence[str],
+        deny_net: Sequence[str],
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
     ) -> Session:
-        body = {"allow_net": list(allow_net), "deny_net": list(deny_net)}
+        body = {
+            "allow_net": list(allow_net),
+            "deny_net": list(deny_net),
+            "inject_headers": {host: dict(h) for host, h in (inject_headers or {}).items()},
+        }
         updated: Session = await self.call("set_egress", session, body=body)
         return updated
 

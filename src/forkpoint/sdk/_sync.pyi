@@ -125,6 +125,7 @@ class Sandbox(SyncTwin):
         network: Network | str = Network.USER,
         allow_net: Sequence[str] = (),
         deny_net: Sequence[str] = (),
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
         timeout: float | None = None,
         disk_mib: int | None = None,
         history: bool = False,
@@ -219,7 +220,12 @@ class Sandbox(SyncTwin):
     def set_timeout(
         self, seconds: float | None, on_expiry: str | None = None, keep_memory: bool | None = None
     ) -> None: ...
-    def set_egress(self, allow: Sequence[str] = (), deny: Sequence[str] = ()) -> None: ...
+    def set_egress(
+        self,
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None: ...
     def pause(self, keep_memory: bool = True) -> None: ...
     def resume(self) -> None: ...
     def rollback_preview(

@@ -9,13 +9,19 @@ defaults (so ``allow 10.1.2.0/24`` opens that part of 10/8, and ``deny 0.0.0.0/0
 few ``allow``\\ s is an allow-list); among the session's own, the most specific wins, and a
 tie goes to deny.
 
-An entry may also be a host name (``pypi.org``, ``*.pythonhosted.org``: the name and every
-name under it). Names cannot be judged by address: a guest's plain-HTTP (port 80) and TLS
-(port 443) connections then go through the session's egress proxy (:mod:`.egress_proxy`),
-which reads the name the guest asked for (the ``Host`` header, the TLS SNI) at each
-connection. A named host is allowed or denied whatever its address (an allowed name beats
-a denied one, as an allowed CIDR beats a denied one); a connection whose name no entry
-names is judged by its address, as the kernel judges every other connection.
+An entry may also be a host name (``pypi.org``; ``*.pythonhosted.org``: every name under it,
+at any depth, not the name itself — E2B's rule). Names cannot be judged by address: a
+guest's plain-HTTP (port 80) and TLS (port 443) connections then go through the session's
+egress proxy (:mod:`.egress_proxy`), which reads the name the guest asked for (the ``Host``
+header, the TLS SNI) at each connection. A named host is allowed or denied whatever its
+address (an allowed name beats a denied one, as an allowed CIDR beats a denied one); a
+connection whose name no entry names is judged by its address, as the kernel judges every
+other connection.
+
+``headers`` are the operator's credentials for named hosts: the proxy sets them on the
+guest's plain-HTTP requests to a matching host (the exact name first, else the longest
+matching ``*.`` suffix; one rule set, never merged — E2B's rule). They live on the host
+only: the guest never sees them, and :meth:`EgressPolicy.shown` leaves their values out.
 """
 
 from __future__ import annotations
@@ -36,8 +42,16 @@ __all__ = [
     "Verdict",
     "is_host_name",
     "parse_cidr",
+    "parse_headers",
     "parse_rule",
 ]
+
+Headers = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # ((host, ((name, value), ...)), ...)
+
+MAX_HEADER_HOSTS = 64
+MAX_HEADERS_PER_HOST = 16
+MAX_HEADER_VALUE = 8192
+_TOKEN = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")  # an HTTP field name (RFC 9110)
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -119,23 +133,67 @@ def parse_rule(text: str) -> str:
         ) from None
 
 
+def parse_headers(headers: Mapping[str, Mapping[str, str]]) -> Headers:
+    """``{host: {name: value}}`` checked and normalised (hosts lower-case, sorted).
+
+    :raises InvalidInput: a host that is not a host name, a header name that is not an HTTP
+        field name, a value with a line break, or more than forkpoint keeps.
+    """
+    if len(headers) > MAX_HEADER_HOSTS:
+        raise InvalidInput(f"headers: at most {MAX_HEADER_HOSTS} hosts")
+    rules: dict[str, tuple[tuple[str, str], ...]] = {}
+    for host, fields in headers.items():
+        name = host.strip().lower().rstrip(".")
+        if not is_host_name(name):
+            raise InvalidInput(f"headers: {host!r} is not a host name")
+        if not fields or len(fields) > MAX_HEADERS_PER_HOST:
+            raise InvalidInput(f"headers for {name}: 1 to {MAX_HEADERS_PER_HOST} headers")
+        for field, value in fields.items():
+            if not _TOKEN.match(field):
+                raise InvalidInput(f"headers for {name}: {field!r} is not a header name")
+            if len(value) > MAX_HEADER_VALUE or any(c in value for c in "\r\n\0"):
+                raise InvalidInput(
+                    f"headers for {name}: the value of {field} must be one line of at most "
+                    f"{MAX_HEADER_VALUE} characters"
+                )
+        rules[name] = tuple(sorted(fields.items()))
+    return tuple(sorted(rules.items()))
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     """A session's adjustments to :data:`DEFAULT_DENY`: normalised CIDRs and host names,
-    sorted (CIDRs first)."""
+    sorted (CIDRs first), and headers to set on requests to named hosts."""
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    headers: Headers = ()
 
     @classmethod
-    def of(cls, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> EgressPolicy:
-        """:raises InvalidInput: an entry is neither a CIDR nor a host name."""
-        return cls(_normalised(allow), _normalised(deny))
+    def of(
+        cls,
+        allow: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        headers: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> EgressPolicy:
+        """:raises InvalidInput: an entry is neither a CIDR nor a host name; bad headers."""
+        return cls(_normalised(allow), _normalised(deny), parse_headers(headers or {}))
 
     @property
-    def names_hosts(self) -> bool:
-        """Whether some entry is a host name (connections then pass the egress proxy)."""
-        return any(is_host_name(rule) for rule in (*self.allow, *self.deny))
+    def needs_proxy(self) -> bool:
+        """Whether some entry is a host name, or headers are set (connections then pass the
+        egress proxy)."""
+        return bool(self.headers) or any(is_host_name(r) for r in (*self.allow, *self.deny))
+
+    def headers_for(self, name: str) -> dict[str, str]:
+        """The headers for requests to ``name``: its exact rule, else the longest ``*.``
+        rule matching it; ``{}``: none."""
+        name = name.lower().rstrip(".")
+        matching = [(host, fields) for host, fields in self.headers if _names(host, name)]
+        if not matching:
+            return {}
+        best = max(matching, key=lambda rule: (not rule[0].startswith("*."), len(rule[0])))
+        return dict(best[1])
 
     def host_verdict(self, name: str) -> Verdict | None:
         """What the host-name entries say of ``name`` (allow beats deny); ``None``: none
@@ -156,11 +214,24 @@ class EgressPolicy:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EgressPolicy:
-        """From the store's ``{"allow": [...], "deny": [...]}`` (``{}``: the default)."""
-        return cls.of(data.get("allow", ()), data.get("deny", ()))
+        """From the store's ``{"allow": [...], "deny": [...], "headers": {host: {name:
+        value}}}`` (``{}``: the default)."""
+        return cls.of(data.get("allow", ()), data.get("deny", ()), data.get("headers"))
 
-    def to_json(self) -> dict[str, list[str]]:
-        return {"allow": list(self.allow), "deny": list(self.deny)}
+    def to_json(self) -> dict[str, Any]:
+        """What the store keeps (header values included: never show this to a client)."""
+        data: dict[str, Any] = {"allow": list(self.allow), "deny": list(self.deny)}
+        if self.headers:
+            data["headers"] = {host: dict(fields) for host, fields in self.headers}
+        return data
+
+    def shown(self) -> dict[str, list[str]]:
+        """What a client sees: the entries, and ``host: header name`` for each header set
+        (never a value)."""
+        data = {"allow": list(self.allow), "deny": list(self.deny)}
+        if self.headers:
+            data["headers"] = [f"{host}: {f}" for host, fields in self.headers for f, _ in fields]
+        return data
 
     def spans(self, version: int) -> list[Span]:
         """The address space of IP ``version`` cut into spans with a verdict; addresses in
@@ -207,7 +278,7 @@ def _verdict_at(
 
 def _names(rule: str, name: str) -> bool:
     if rule.startswith("*."):
-        return name == rule[2:] or name.endswith(rule[1:])
+        return name.endswith(rule[1:])  # any depth under it, not the name itself
     return name == rule
 
 

@@ -30,7 +30,7 @@ _MODULE = "forkpoint.vm.egress_proxy"
 def proxy_for(uid: int, policy: EgressPolicy) -> int | None:
     """The port of ``uid``'s proxy serving ``policy`` (started if it is not running), or
     ``None`` when ``policy`` names no host (a proxy that ran is stopped). Blocking."""
-    if not policy.names_hosts:
+    if not policy.needs_proxy:
         stop_proxy(uid)
         return None
     directory = PROXIES / str(uid)

@@ -12,9 +12,12 @@ change applies to the next connection):
 - a name an entry denies: closed;
 - no entry names it (or no name): the original destination, if the address rules allow it.
 
-The host's own addresses are never connected to. TLS is passed through untouched (no
-interception): the name is only read. Runs as ``python -m forkpoint.vm.egress_proxy
-POLICY_FILE FD``, ``FD`` its inherited listening socket (:mod:`.egress_proxies`).
+The host's own addresses are never connected to. A plain-HTTP request to a host the policy
+has headers for goes out with them set (and ``Connection: close``, so that the connection
+carries no second request without them). TLS is passed through untouched (no interception):
+the name is only read, and no header can be set. Runs as ``python -m
+forkpoint.vm.egress_proxy POLICY_FILE FD``, ``FD`` its inherited listening socket
+(:mod:`.egress_proxies`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import sys
 from pathlib import Path
 
 from forkpoint.vm.egress import EgressPolicy, Verdict
-from forkpoint.vm.sniff import MAX_PEEK, host_of_http, is_tls, server_name
+from forkpoint.vm.sniff import MAX_PEEK, host_of_http, is_tls, server_name, with_headers
 
 __all__ = ["main", "original_destination"]
 
@@ -140,9 +143,13 @@ async def _serve(
         sock = writer.get_extra_info("socket")
         destination, port = original_destination(sock)
         first = await _first_bytes(reader)
-        address = await _upstream(policies.current(), _name_of(first), destination, port)
+        policy, name = policies.current(), _name_of(first)
+        address = await _upstream(policy, name, destination, port)
         if address is None:
             return
+        headers = policy.headers_for(name) if name is not None and not is_tls(first) else {}
+        if headers:  # plain HTTP: the operator's credentials go on (never into the guest)
+            first = with_headers(first, headers)
         async with asyncio.timeout(_CONNECT_TIMEOUT_S):
             up_reader, up_writer = await asyncio.open_connection(str(address), port)
         try:

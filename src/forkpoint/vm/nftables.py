@@ -95,7 +95,8 @@ def policy_map(policy: EgressPolicy, version: int) -> str:
     """The name of the interval map holding ``policy``'s IPv``version`` spans."""
     import hashlib
 
-    digest = hashlib.sha256(repr(policy.to_json()).encode()).hexdigest()[:16]
+    spans_of = {"allow": list(policy.allow), "deny": list(policy.deny)}  # not its headers
+    digest = hashlib.sha256(repr(spans_of).encode()).hexdigest()[:16]
     return f"p{digest}_{version}"
 
 
@@ -214,7 +215,7 @@ def forget_policy(policy: EgressPolicy) -> None:
 
     :raises InternalError: as :func:`install_rules`.
     """
-    if policy != EgressPolicy():  # the default's maps are nearly always in use: kept
+    if policy.allow or policy.deny:  # the default's maps are nearly always in use: kept
         maps = "".join(f"delete map {TABLE} {policy_map(policy, v)}\n" for v in (4, 6))
         _nft(maps, tolerate=_GONE + _BUSY)  # both or neither: the same chains use them
 

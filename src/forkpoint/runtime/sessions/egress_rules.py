@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from forkpoint.errors import Conflict, InternalError
 from forkpoint.models import Network, Session, SessionState
@@ -23,19 +23,27 @@ class EgressRules:
         self.context = context
 
     async def set_egress(
-        self, session: str, allow_net: Sequence[str] = (), deny_net: Sequence[str] = ()
+        self,
+        session: str,
+        allow_net: Sequence[str] = (),
+        deny_net: Sequence[str] = (),
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
     ) -> Session:
-        """Replace the session's egress adjustments (empty: the defaults). A running guest
-        is held to them at once, for every connection it opens from then on (one already
-        open stays open); a stopped or paused one when it runs again.
+        """Replace the session's egress adjustments and injected headers (empty: the
+        defaults). A running guest is held to them at once, for every connection it opens
+        from then on (one already open stays open); a stopped or paused one when it runs
+        again.
 
         :raises NotFound: :raises InvalidInput: a malformed CIDR or too many;
         :raises Conflict: the session has no network (``--network none``).
         """
         from forkpoint.requests import EgressRequest, parse
 
-        request = parse(EgressRequest, allow_net=tuple(allow_net), deny_net=tuple(deny_net))
-        policy = EgressPolicy.of(request.allow_net, request.deny_net)
+        request = parse(
+            EgressRequest, allow_net=tuple(allow_net), deny_net=tuple(deny_net),
+            inject_headers=dict(inject_headers or {}),
+        )  # fmt: skip
+        policy = EgressPolicy.of(request.allow_net, request.deny_net, request.inject_headers)
         record = await asyncio.to_thread(self.context.store.get_session, session)
         async with session_lock_async(self.context.home, record.id):
             record = await asyncio.to_thread(self.context.store.get_session, record.id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from forkpoint import faults
 from forkpoint.errors import Conflict, Unsatisfiable
@@ -72,6 +72,7 @@ class Sessions:
         network: Network | str = Network.USER,
         allow_net: Sequence[str] = (),
         deny_net: Sequence[str] = (),
+        inject_headers: Mapping[str, Mapping[str, str]] | None = None,
         timeout_s: float | None = None,
         disk_mib: int | None = None,
         history: bool = False,
@@ -79,10 +80,12 @@ class Sessions:
         on_expiry: Expiry | str = Expiry.REMOVE,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
-        ``allow_net``/``deny_net``: CIDRs and host names adjusting the default egress policy (see
-        :mod:`forkpoint.vm.egress`). ``timeout_s``: its lifetime, from now, and
-        ``on_expiry`` what happens at its end (see :meth:`set_timeout`). ``disk_mib``: its
-        virtual disk's size, at least the image's (see ``disksize``).
+        ``allow_net``/``deny_net``: CIDRs and host names adjusting the default egress
+        policy (see :mod:`forkpoint.vm.egress`); ``inject_headers``: ``{host: {name:
+        value}}`` set on the guest's plain-HTTP requests to that host, on the host's side.
+        ``timeout_s``: its lifetime, from now, and ``on_expiry`` what happens at its end
+        (see :meth:`set_timeout`). ``disk_mib``: its virtual disk's size, at least the
+        image's (see ``disksize``).
 
         ``history``: checkpoint it before every exec and file write made through forkpoint
         (``history``, ``undo``), keeping the last ``history_keep`` automatic checkpoints.
@@ -95,10 +98,13 @@ class Sessions:
         request = parse(
             CreateSessionRequest, image=image, memory_mib=memory_mib, cpus=cpus, name=name,
             ports=tuple(ports), network=network, allow_net=tuple(allow_net),
-            deny_net=tuple(deny_net), timeout_s=timeout_s, disk_mib=disk_mib, history=history,
+            deny_net=tuple(deny_net), inject_headers=dict(inject_headers or {}),
+            timeout_s=timeout_s, disk_mib=disk_mib, history=history,
             history_keep=history_keep, on_expiry=on_expiry,
         )  # fmt: skip
-        egress = EgressPolicy.of(request.allow_net, request.deny_net).to_json()
+        egress = EgressPolicy.of(
+            request.allow_net, request.deny_net, request.inject_headers
+        ).to_json()
         await asyncio.to_thread(self.context.require_room, 1)
         img, shape = await asyncio.to_thread(
             self.context.machine, request.image, request.memory_mib, request.cpus
