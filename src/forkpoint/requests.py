@@ -203,6 +203,8 @@ def _egress_rule(text: str) -> str:
 _V4 = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H = "[0-9a-fA-F]{1,4}"
 _LABEL = "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_NAME = rf"(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?"
+_HOST_PATTERN = f"^{_HOST_NAME}$"
 _EGRESS_PATTERN = (
     rf"^({_V4}(\.{_V4}){{3}}(/(3[0-2]|[12]?[0-9]))?"
     rf"|(({_H}:){{7}}{_H}|({_H}:){{1,7}}:|({_H}:){{1,6}}:{_H}|({_H}:){{1,5}}(:{_H}){{1,2}}"
@@ -236,19 +238,29 @@ def _headers(headers: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
 
 
 InjectHeaders = Annotated[
-    dict[
-        Annotated[str, StringConstraints(max_length=253)],
-        dict[
-            Annotated[str, StringConstraints(max_length=128)],
-            Annotated[str, StringConstraints(max_length=8192)],
-        ],
-    ],
+    dict[str, dict[str, str]],
     Field(
         max_length=64,
         description="Headers set on the guest's plain-HTTP requests to a host, e.g. "
         '{"api.example.com": {"Authorization": "Bearer ..."}} (``*.example.com``: every name '
         "under it; the exact name wins, else the longest match). The values stay on the host: "
         "the guest never sees them, and forkpoint shows only the header names.",
+        # What the validator accepts, stated in the schema (the API fuzzer sends anything
+        # it allows): host names, 1-16 HTTP field names each, one-line values.
+        json_schema_extra={
+            "propertyNames": {"pattern": _HOST_PATTERN, "maxLength": 253},
+            "additionalProperties": {
+                "type": "object",
+                "minProperties": 1,
+                "maxProperties": 16,
+                "propertyNames": {"pattern": r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"},
+                "additionalProperties": {
+                    "type": "string",
+                    "maxLength": 8192,
+                    "pattern": r"^[^\r\n\x00]*$",
+                },
+            },
+        },
     ),
     AfterValidator(_headers),
 ]
