@@ -377,3 +377,25 @@ def test_the_proxy_judges_each_connection_by_the_name_it_asks_for(
         + [f"{NAMED}:80", f"{NAMED}:443", f"{OTHER}:80"]
     ), hits
     assert not (Path("/run/forkpoint/egress") / str(UID)).exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the proxies' directory is root's")
+def test_a_proxy_no_session_holds_breaks_the_home_invariants(tmp_path: Path) -> None:
+    from forkpoint.config import Home
+    from forkpoint.runtime.housekeeping.invariants import check_home
+    from forkpoint.store import Store
+    from forkpoint.store.db import session_uids
+    from forkpoint.vm.egress_proxies import proxy_for
+
+    home = Home(tmp_path).ensure()
+    store = Store.open(home)
+    uid = session_uids(home.root)[7]
+    try:
+        assert proxy_for(uid, EgressPolicy.of(allow=["pypi.org"])) is not None
+        problems = check_home(home, store)
+        assert problems == [f"the egress proxy of uid {uid} belongs to no session"], problems
+        stop_proxy(uid)
+        assert check_home(home, store) == []
+    finally:
+        stop_proxy(uid)
+        store.close()

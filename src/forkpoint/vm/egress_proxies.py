@@ -21,7 +21,7 @@ from pathlib import Path
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.process import spawn_detached
 
-__all__ = ["PROXIES", "proxy_for", "stop_proxy"]
+__all__ = ["PROXIES", "proxy_for", "proxy_uids", "stop_proxy"]
 
 PROXIES = Path("/run/forkpoint/egress")
 _MODULE = "forkpoint.vm.egress_proxy"
@@ -64,6 +64,15 @@ def stop_proxy(uid: int) -> None:
         (directory / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         directory.rmdir()
+
+
+def proxy_uids(uids: range) -> list[int]:
+    """The uids of ``uids`` that have a running proxy."""
+    try:
+        found = [int(d.name) for d in PROXIES.iterdir() if d.name.isdigit()]
+    except OSError:
+        return []
+    return sorted(uid for uid in found if uid in uids and _pid(PROXIES / str(uid)) is not None)
 
 
 def _pid(directory: Path) -> int | None:

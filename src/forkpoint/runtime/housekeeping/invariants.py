@@ -12,7 +12,7 @@ runtime does (``orphans``, ``integrity``), and stays type-checked with them.
   honestly ``crashed``/``stopped`` with a checkpoint to roll back to; none is left
   ``creating`` with nobody creating it;
 - no QEMU or passt of this home that no running session (or warm VM or standby row)
-  owns;
+  owns, and no egress proxy of its uids that no session holds;
 - (the caller's ledger) nothing a completed operation reported is gone.
 
 Restoring every checkpoint and looking at its marker needs VMs: :func:`check_restores`.
@@ -32,8 +32,10 @@ from forkpoint.runtime.checkpoints.integrity import check_before_restore
 from forkpoint.runtime.checkpoints.manifest import CheckpointFiles
 from forkpoint.runtime.housekeeping.orphans import open_paths, orphan_files
 from forkpoint.store import Store, session_lock
+from forkpoint.store.db import session_uids
 from forkpoint.store.standby import StandbyStore
 from forkpoint.store.warm import WarmStore
+from forkpoint.vm.egress_proxies import proxy_uids
 from forkpoint.vm.process import is_running, pids_with_arg
 
 __all__ = ["Ledger", "check_home", "check_restores", "home_processes"]
@@ -120,6 +122,10 @@ def check_home(home: Home, store: Store, ledger: Ledger | None = None) -> list[s
     for pid, session_id in home_processes(home, seen):
         if pid not in running.get(session_id, set()):
             problems.append(f"process {pid} of {session_id} belongs to no running session")
+    held = {s.uid for s in sessions}
+    for uid in proxy_uids(session_uids(home.root)):
+        if uid not in held:
+            problems.append(f"the egress proxy of uid {uid} belongs to no session")
     if ledger is not None:
         ids = {c.id for c in checkpoints}
         problems += [
