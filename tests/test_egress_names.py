@@ -253,6 +253,10 @@ for step in steps:
         results.append(json.loads(pipe.read()))
     os.wait()
     results.append(sorted(os.listdir(PROXIES / str(uid))) if (PROXIES / str(uid)).exists() else [])
+    if step.get("headers"):  # straight to the proxy, not redirected: it has no destination
+        port = int((PROXIES / str(uid) / "port").read_text())
+        results.append(attempt(["127.0.0.1", port, "http", "named.test"], payload(
+            ["198.51.100.2", 80, "http", "named.test"])))
 remove_rules(uid, policy)
 stop_proxy(uid)
 print(json.dumps(results))
@@ -364,12 +368,15 @@ def test_the_proxy_judges_each_connection_by_the_name_it_asks_for(
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    first, files, second, files_again, injected, _, third, no_files = json.loads(done.stdout)
+    first, files, second, files_again, injected, _, direct, third, no_files = json.loads(
+        done.stdout
+    )
     assert first == ["open", "open", "open", "closed", "closed", "closed", "closed",
                      "ConnectionRefusedError"], first  # fmt: skip
     assert files == ["log", "pid", "policy.json", "port"] == files_again
     assert second == ["closed", "closed", "open", "closed"], second
     assert injected == ["open+secret", "open", "open"], injected
+    assert direct == "closed"  # a host process cannot borrow the proxy (or its credentials)
     assert third == ["open"] and no_files == []  # no names: no proxy, the kernel alone
     hits = _hits(world)
     assert sorted(hits) == sorted(
