@@ -406,3 +406,13 @@ def test_a_proxy_no_session_holds_breaks_the_home_invariants(tmp_path: Path) -> 
     finally:
         stop_proxy(uid)
         store.close()
+
+
+def test_the_proxy_waits_only_for_what_can_name_a_host() -> None:
+    from forkpoint.vm.egress_proxy import _said_enough
+
+    hello = client_hello("pypi.org")
+    assert not _said_enough(hello[:3]) and not _said_enough(hello[:-1]) and _said_enough(hello)
+    assert not _said_enough(b"GE") and not _said_enough(b"GET / HTTP/1.1\r\nHost: a")
+    assert _said_enough(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert _said_enough(b"SSH-2.0-OpenSSH_9.2\r\n")  # not HTTP or TLS: nothing to wait for

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import re
 import socket
 import struct
 import sys
@@ -37,7 +38,8 @@ from forkpoint.vm.sniff import MAX_PEEK, host_of_http, is_tls, server_name, with
 __all__ = ["main", "original_destination"]
 
 _SO_ORIGINAL_DST = 80
-_PEEK_TIMEOUT_S = 10.0  # a guest that connects and says nothing
+_PEEK_TIMEOUT_S = 5.0  # a guest that connects and says nothing (a server-first protocol)
+_HTTP_METHOD = re.compile(rb"^[A-Z]{1,16}( |$)")  # "GET ", or the start of one
 _CONNECT_TIMEOUT_S = 10.0
 _CHUNK = 64 * 1024
 
@@ -68,7 +70,8 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
 
 
 async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
-    """What the guest sends first, until a name can be read (or it stops, or the cap)."""
+    """What the guest sends first, until it has said what it will say before an answer (a
+    whole TLS record, an HTTP request head, or something else), or stops, or the cap."""
     data = b""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(_PEEK_TIMEOUT_S):
@@ -77,11 +80,19 @@ async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
                 if not chunk:
                     break
                 data += chunk
-                if _name_of(data) is not None or (
-                    not is_tls(data) and b"\r\n\r\n" in data
-                ):  # a name, or a complete request head without one
+                if _said_enough(data):
                     break
     return data
+
+
+def _said_enough(data: bytes) -> bool:
+    if data[:1] == b"\x16" and len(data) < 5:
+        return False  # a TLS record header, not whole yet
+    if is_tls(data):
+        return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[3:5], "big")
+    if _HTTP_METHOD.match(data) is None:
+        return True  # another protocol: its address decides, nothing to wait for
+    return b"\r\n\r\n" in data
 
 
 def _name_of(data: bytes) -> str | None:
