@@ -27,6 +27,8 @@ from forkpoint.vm.egress import EgressPolicy, Verdict
 from forkpoint.vm.egress_proxies import stop_proxy
 from forkpoint.vm.nftables import install_script, remove_script
 from forkpoint.vm.sniff import host_of_http, server_name, with_headers
+from netpair import NetPair
+from netpair import in_ns as _in
 
 UIDS = range(1_900_000_001, 1_900_065_536)
 
@@ -263,19 +265,12 @@ print(json.dumps(results))
 """
 
 
-def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=120)
-
-
-def _in(ns: str, *argv: str) -> list[str]:
-    return ["ip", "netns", "exec", ns, *argv]
+PAIR = NetPair(GUESTSIDE, WORLD, HOST, NAMED)
 
 
 def _teardown() -> None:
     stop_proxy(UID)  # one a killed run left behind serves a namespace that is gone
-    for ns in (GUESTSIDE, WORLD):
-        _sh("ip", "netns", "del", ns, check=False)
-    shutil.rmtree(HOSTS.parent, ignore_errors=True)
+    PAIR.remove()
 
 
 @pytest.fixture
@@ -283,19 +278,7 @@ def world() -> Iterator[subprocess.Popen[str]]:
     _teardown()
     listener: subprocess.Popen[str] | None = None
     try:
-        for ns in (GUESTSIDE, WORLD):
-            _sh("ip", "netns", "add", ns)
-            _sh(*_in(ns, "ip", "link", "set", "lo", "up"))
-        _sh("ip", "link", "add", "fpt-ng0", "netns", GUESTSIDE, "type", "veth", "peer",
-            "fpt-nw0", "netns", WORLD)  # fmt: skip
-        _sh(*_in(GUESTSIDE, "ip", "addr", "add", f"{HOST}/24", "dev", "fpt-ng0"))
-        _sh(*_in(GUESTSIDE, "ip", "link", "set", "fpt-ng0", "up"))
-        _sh(*_in(GUESTSIDE, "ip", "route", "add", "default", "via", NAMED))
-        _sh(*_in(WORLD, "ip", "addr", "add", f"{NAMED}/24", "dev", "fpt-nw0"))
-        for extra in (OTHER, PRIVATE):
-            _sh(*_in(WORLD, "ip", "addr", "add", f"{extra}/32", "dev", "fpt-nw0"))
-        _sh(*_in(WORLD, "ip", "link", "set", "fpt-nw0", "up"))
-        HOSTS.parent.mkdir(parents=True, exist_ok=True)
+        PAIR.make(extra=(OTHER, PRIVATE))
         HOSTS.write_text(
             f"{NAMED} named.test\n{OTHER} other.test denied.test\n{PRIVATE} private.test\n"
             f"{HOST} myself.test\n127.0.0.1 localhost loopback.test\n"

@@ -31,6 +31,9 @@ import pytest
 from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.net import DNS, GATEWAY
 from forkpoint.vm.nftables import policy_map
+from netpair import NetPair
+from netpair import in_ns as _in
+from netpair import sh as _sh
 
 pytestmark = [
     pytest.mark.vm,
@@ -44,7 +47,7 @@ HOST_ADDRESS, WORLD_ADDRESS = "198.51.100.1", "198.51.100.2"  # TEST-NET-2: "pub
 PRIVATE, METADATA, PRIVATE_192 = "10.231.0.2", "169.254.169.254", "192.168.231.2"
 RESOLVER = "10.231.0.53"
 PORT = 7000
-RESOLV_CONF = Path("/etc/netns") / GUESTSIDE / "resolv.conf"
+RESOLV_CONF = Path("/etc/netns") / GUESTSIDE / "resolv.conf"  # NetPair.etc
 HOSTS = RESOLV_CONF.with_name("hosts")  # the host's names (the egress proxy resolves them)
 WORLD_NAME = "world.test"
 FORKPOINT = str(Path(sys.executable).with_name("forkpoint"))
@@ -102,14 +105,6 @@ print(json.dumps(out))
 """
 
 
-def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=check)
-
-
-def _in(ns: str, *argv: str) -> list[str]:
-    return ["ip", "netns", "exec", ns, *argv]
-
-
 @dataclass
 class Listener:
     process: subprocess.Popen[str]
@@ -136,36 +131,20 @@ def _listen_with(ns: str, script: str, *args: str) -> Listener:
     return Listener(process)
 
 
-def _teardown() -> None:
-    for ns in (GUESTSIDE, WORLD):
-        _sh("ip", "netns", "del", ns, check=False)  # the veth pair goes with them
-    shutil.rmtree(RESOLV_CONF.parent, ignore_errors=True)
-
-
 @dataclass
 class Network:
     guestside: Listener
     world: Listener
 
 
+PAIR = NetPair(GUESTSIDE, WORLD, HOST_ADDRESS, WORLD_ADDRESS)
+
+
 @pytest.fixture
 def network() -> Iterator[Network]:
-    _teardown()  # a run killed before its finally
     listeners: list[Listener] = []
     try:
-        for ns in (GUESTSIDE, WORLD):
-            _sh("ip", "netns", "add", ns)
-            _sh(*_in(ns, "ip", "link", "set", "lo", "up"))
-        _sh("ip", "link", "add", "fpt-g0", "netns", GUESTSIDE, "type", "veth", "peer",
-            "fpt-w0", "netns", WORLD)  # fmt: skip
-        _sh(*_in(GUESTSIDE, "ip", "addr", "add", f"{HOST_ADDRESS}/24", "dev", "fpt-g0"))
-        _sh(*_in(GUESTSIDE, "ip", "link", "set", "fpt-g0", "up"))
-        _sh(*_in(GUESTSIDE, "ip", "route", "add", "default", "via", WORLD_ADDRESS))
-        _sh(*_in(WORLD, "ip", "addr", "add", f"{WORLD_ADDRESS}/24", "dev", "fpt-w0"))
-        for extra in (PRIVATE, METADATA, PRIVATE_192, RESOLVER):
-            _sh(*_in(WORLD, "ip", "addr", "add", f"{extra}/32", "dev", "fpt-w0"))
-        _sh(*_in(WORLD, "ip", "link", "set", "fpt-w0", "up"))
-        RESOLV_CONF.parent.mkdir(parents=True, exist_ok=True)
+        PAIR.make(extra=(PRIVATE, METADATA, PRIVATE_192, RESOLVER))
         RESOLV_CONF.write_text(f"nameserver {RESOLVER}\n")
         HOSTS.write_text(f"127.0.0.1 localhost\n{WORLD_ADDRESS} {WORLD_NAME} other.test\n")
         listeners.append(_listen(GUESTSIDE, f"tcp:127.0.0.1:{PORT}", f"tcp:{HOST_ADDRESS}:{PORT}"))
@@ -178,7 +157,7 @@ def network() -> Iterator[Network]:
             if listener.process.returncode is None:
                 listener.process.kill()
                 listener.process.communicate()
-        _teardown()
+        PAIR.remove()
 
 
 def _forkpoint(*args: str, timeout: float = 180) -> str:
@@ -481,7 +460,7 @@ def test_an_injected_credential_goes_out_but_never_into_the_guest(
 ) -> None:
     secret = f"Bearer fp-{os.urandom(12).hex()}"
     (tmp_path / "token").write_text(secret + "\n")
-    _sh(*_in(WORLD, "ip", "addr", "add", f"{RECORDER_ADDRESS}/32", "dev", "fpt-w0"))
+    PAIR.add_world_address(RECORDER_ADDRESS)
     recorder = _listen_with(WORLD, RECORDER, RECORDER_ADDRESS)
     session = json.loads(
         _forkpoint(
