@@ -21,14 +21,17 @@ ALLOWED: dict[str, set[str]] = {
     "polling": set(),
     "threads": set(),  # the worker pool of the loops forkpoint runs (cli, server, e2b)
     "models": {"protocol"},
-    "requests": {"models", "errors"},
+    # the egress rules: a value the doors check and the engine enforces (pure, a leaf)
+    "egress": {"errors"},
+    "requests": {"models", "errors", "egress"},
     "faults": set(),
-    "vm": {"errors", "config", "polling", "faults"},
+    "vm": {"errors", "config", "polling", "faults", "egress"},
     "agent_client": {"protocol", "errors", "polling"},
     "images": {"errors", "config"},
     "store": {"errors", "config", "models", "polling"},
     "browser": {"errors"},
     "runtime": {
+        "egress",
         "models",
         "requests",
         "vm",
@@ -59,7 +62,17 @@ ALLOWED: dict[str, set[str]] = {
     },
     # the E2B gateway: like server, plus its own table in the store (store/e2b.py) and
     # the name of E2B's base image (its default template)
-    "e2b": {"models", "requests", "runtime", "store", "errors", "config", "threads", "images"},
+    "e2b": {
+        "models",
+        "requests",
+        "egress",
+        "runtime",
+        "store",
+        "errors",
+        "config",
+        "threads",
+        "images",
+    },  # fmt: skip
     "mcp": {
         "api",
         "models",

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from forkpoint.egress import EgressPolicy, Verdict
 from forkpoint.errors import InternalError, InvalidInput
 from forkpoint.requests import CreateSessionRequest, parse
 from forkpoint.vm import nftables
-from forkpoint.vm.egress import EgressPolicy, Verdict
 from forkpoint.vm.nftables import install_script, policy_map, remove_script, resolvers
 
 UIDS = range(1_900_000_001, 1_900_065_536)

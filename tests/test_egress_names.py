@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from forkpoint.egress import EgressPolicy, Verdict
 from forkpoint.errors import InvalidInput
 from forkpoint.requests import CreateSessionRequest, parse
-from forkpoint.vm.egress import EgressPolicy, Verdict
 from forkpoint.vm.egress_proxies import stop_proxy
 from forkpoint.vm.nftables import install_script, remove_script
 from forkpoint.vm.sniff import host_of_http, server_name, with_headers
@@ -202,7 +202,7 @@ while True:
 SCENARIO = r"""
 import json, os, socket, ssl, sys
 from forkpoint.models import SESSION_UIDS
-from forkpoint.vm.egress import EgressPolicy
+from forkpoint.egress import EgressPolicy
 from forkpoint.vm.egress_proxies import PROXIES, proxy_for, stop_proxy
 from forkpoint.vm.nftables import install_rules, remove_rules
 
@@ -341,6 +341,7 @@ def test_the_proxy_judges_each_connection_by_the_name_it_asks_for(
             [NAMED, 80, "http", "named.test"],
             [NAMED, 443, "tls", "named.test"],
             [OTHER, 80, "http", "other.test"],
+            [OTHER, 80, "http", "named.test"],  # its credentials go to its address only
         ],
     }
     addresses_only = {"allow": [], "deny": [], "targets": [[OTHER, 80, "http", "x.test"]]}
@@ -358,13 +359,13 @@ def test_the_proxy_judges_each_connection_by_the_name_it_asks_for(
                      "ConnectionRefusedError"], first  # fmt: skip
     assert files == ["log", "pid", "policy.json", "port"] == files_again
     assert second == ["closed", "closed", "open", "closed"], second
-    assert injected == ["open+secret", "open", "open"], injected
+    assert injected == ["open+secret", "open", "open", "open+secret"], injected
     assert direct == "closed"  # a host process cannot borrow the proxy (or its credentials)
     assert third == ["open"] and no_files == []  # no names: no proxy, the kernel alone
     hits = _hits(world)
     assert sorted(hits) == sorted(
         [f"{NAMED}:80", f"{NAMED}:80", f"{NAMED}:443", f"{OTHER}:80", f"{OTHER}:80"]
-        + [f"{NAMED}:80", f"{NAMED}:443", f"{OTHER}:80"]
+        + [f"{NAMED}:80", f"{NAMED}:443", f"{OTHER}:80", f"{NAMED}:80"]
     ), hits
     assert not (Path("/run/forkpoint/egress") / str(UID)).exists()
 

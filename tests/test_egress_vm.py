@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from forkpoint.vm.egress import EgressPolicy
+from forkpoint.egress import EgressPolicy
 from forkpoint.vm.net import DNS, GATEWAY
 from forkpoint.vm.nftables import policy_map
 from netpair import NetPair
@@ -50,6 +50,7 @@ PORT = 7000
 RESOLV_CONF = Path("/etc/netns") / GUESTSIDE / "resolv.conf"  # NetPair.etc
 HOSTS = RESOLV_CONF.with_name("hosts")  # the host's names (the egress proxy resolves them)
 WORLD_NAME = "world.test"
+RECORDER_ADDRESS, RECORDER_NAME = "198.51.100.4", "api.test"
 FORKPOINT = str(Path(sys.executable).with_name("forkpoint"))
 
 # One process per namespace: TCP listeners greet and log whoever connects, UDP ones echo.
@@ -146,7 +147,10 @@ def network() -> Iterator[Network]:
     try:
         PAIR.make(extra=(PRIVATE, METADATA, PRIVATE_192, RESOLVER))
         RESOLV_CONF.write_text(f"nameserver {RESOLVER}\n")
-        HOSTS.write_text(f"127.0.0.1 localhost\n{WORLD_ADDRESS} {WORLD_NAME} other.test\n")
+        HOSTS.write_text(
+            f"127.0.0.1 localhost\n{WORLD_ADDRESS} {WORLD_NAME} other.test\n"
+            f"{RECORDER_ADDRESS} {RECORDER_NAME}\n"
+        )
         listeners.append(_listen(GUESTSIDE, f"tcp:127.0.0.1:{PORT}", f"tcp:{HOST_ADDRESS}:{PORT}"))
         tcp = [f"tcp:{a}:{PORT}" for a in (PRIVATE, PRIVATE_192, WORLD_ADDRESS, RESOLVER)]
         tcp.append(f"tcp:{WORLD_ADDRESS}:80")
@@ -435,11 +439,10 @@ while True:
     conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
     conn.close()
 """
-RECORDER_ADDRESS = "198.51.100.4"
-# In the guest: an HTTP request for world.test, printing the status line it got back.
+# In the guest: an HTTP request for api.test, printing the status line it got back.
 FETCH = (
     "import socket, sys; s = socket.create_connection((sys.argv[1], 80), timeout=10); "
-    "s.sendall(b'GET / HTTP/1.1\\r\\nHost: world.test\\r\\n\\r\\n'); "
+    "s.sendall(b'GET / HTTP/1.1\\r\\nHost: api.test\\r\\n\\r\\n'); "
     "print(s.recv(4096).split(b'\\r\\n')[0].decode())"
 )
 
@@ -467,14 +470,15 @@ def test_an_injected_credential_goes_out_but_never_into_the_guest(
             "create",
             "--json",
             "--inject-header",
-            f"{WORLD_NAME}:Authorization=@{tmp_path / 'token'}",
+            f"{RECORDER_NAME}:Authorization=@{tmp_path / 'token'}",
         )  # fmt: skip
     )
     try:
-        assert session["egress"]["headers"] == [f"{WORLD_NAME}: Authorization"]
+        assert session["egress"]["headers"] == [f"{RECORDER_NAME}: Authorization"]
         assert secret not in _forkpoint("show", "--json", session["id"])
+        # asked at another address: the credential still goes to api.test's own only
         out = json.loads(_forkpoint("exec", "--json", session["id"], "--", "python3", "-c",
-                                    FETCH, RECORDER_ADDRESS))  # fmt: skip
+                                    FETCH, WORLD_ADDRESS))  # fmt: skip
         assert out["stdout"].strip() == "HTTP/1.0 200 OK", out
         # the guest's own files and memory, as a checkpoint holds them: no trace of it
         checkpoint = json.loads(_forkpoint("checkpoint", "--json", session["id"]))

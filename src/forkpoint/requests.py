@@ -189,8 +189,8 @@ Command = Annotated[
 
 
 def _egress_rule(text: str) -> str:
+    from forkpoint.egress import parse_rule
     from forkpoint.errors import InvalidInput
-    from forkpoint.vm.egress import parse_rule
 
     try:  # a CIDR's host bits are cleared (10.1.2.3/16 is 10.1.0.0/16): no pattern can tell
         return parse_rule(text)
@@ -228,8 +228,8 @@ EgressRules = Annotated[tuple[EgressRule, ...], Field(max_length=MAX_EGRESS_RULE
 
 
 def _headers(headers: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    from forkpoint.egress import parse_headers
     from forkpoint.errors import InvalidInput
-    from forkpoint.vm.egress import parse_headers
 
     try:
         return {host: dict(fields) for host, fields in parse_headers(headers)}

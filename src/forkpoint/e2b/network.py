@@ -2,7 +2,7 @@
 ``allow_internet_access`` as a session's egress adjustments, ``maskRequestHost`` checked.
 
 E2B lets an allowed destination beat any denied one; forkpoint's policy lets the most
-specific CIDR win, a tie going to deny (:mod:`forkpoint.vm.egress`). Two CIDRs are either
+specific CIDR win, a tie going to deny (:mod:`forkpoint.egress`). Two CIDRs are either
 nested or disjoint, so the two agree once every denied CIDR lying inside an allowed one is
 dropped: what is left of the denies is either disjoint from the allows or wider than them.
 Host names (``pypi.org``, ``*.example.com``) are carried as they are: forkpoint's egress
@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from forkpoint.egress import EgressPolicy, is_host_name, parse_headers, parse_rule
 from forkpoint.errors import InvalidInput
 from forkpoint.models import MAX_EGRESS_RULES
-from forkpoint.vm.egress import EgressPolicy, is_host_name, parse_headers, parse_rule
 
 __all__ = ["ALL_TRAFFIC", "Egress", "egress_of", "headers_of", "host_mask"]
 
@@ -100,7 +100,7 @@ def headers_of(rules: object) -> dict[str, dict[str, str]] | None:
     given.
 
     :raises InvalidInput: not that shape, a transform other than headers, or headers
-        forkpoint refuses (:func:`~forkpoint.vm.egress.parse_headers`).
+        forkpoint refuses (:func:`~forkpoint.egress.parse_headers`).
     """
     if rules is None:
         return None

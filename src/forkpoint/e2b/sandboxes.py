@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from forkpoint.config import ApiLimits
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
 from forkpoint.images.recipe import E2B_BASE_IMAGE
 from forkpoint.models import (
@@ -37,7 +38,6 @@ from forkpoint.models import (
 )
 from forkpoint.runtime import Runtime
 from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
-from forkpoint.vm.egress import EgressPolicy
 
 from .network import Egress
 from .template_builds import TemplateBuilds

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from forkpoint.egress import EgressPolicy
 from forkpoint.models import Checkpoint, Limits, Port, Session, SessionState
 from forkpoint.store import CheckpointRecord, SessionRecord
 from forkpoint.vm.cgroups import CONTROLLERS, limits_in_force
-from forkpoint.vm.egress import EgressPolicy
 
 __all__ = ["checkpoint_of", "limits_of", "session_of"]
 

@@ -18,7 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
-from forkpoint.vm.egress import EgressPolicy
+from forkpoint.egress import EgressPolicy
 from forkpoint.vm.process import spawn_detached
 
 __all__ = ["PROXIES", "proxy_for", "proxy_uids", "stop_proxy"]

@@ -32,10 +32,10 @@ import struct
 import sys
 from pathlib import Path
 
-from forkpoint.vm.egress import EgressPolicy, Verdict
+from forkpoint.egress import EgressPolicy, Verdict
 from forkpoint.vm.sniff import MAX_PEEK, host_of_http, is_tls, server_name, with_headers
 
-__all__ = ["main", "original_destination"]
+__all__ = ["main"]
 
 _SO_ORIGINAL_DST = 80
 _PEEK_TIMEOUT_S = 5.0  # a guest that connects and says nothing (a server-first protocol)
@@ -51,18 +51,19 @@ class _Policy:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.stamp: int | None = None
+        self.stamp: tuple[int, int] | None = None
         self.policy = EgressPolicy()
 
     def current(self) -> EgressPolicy:
-        stamp = self.path.stat().st_mtime_ns
+        stat = self.path.stat()
+        stamp = (stat.st_ino, stat.st_mtime_ns)  # replaced (a new inode) or rewritten
         if stamp != self.stamp:
             self.policy = EgressPolicy.from_json(json.loads(self.path.read_text()))
             self.stamp = stamp
         return self.policy
 
 
-def original_destination(sock: socket.socket) -> tuple[str, int]:
+def _original_destination(sock: socket.socket) -> tuple[str, int]:
     """Where the guest meant to connect before the kernel redirected it here (IPv4)."""
     raw = sock.getsockopt(socket.SOL_IP, _SO_ORIGINAL_DST, 16)
     port, packed = struct.unpack_from("!2xH4s", raw)
@@ -100,15 +101,15 @@ def _name_of(data: bytes) -> str | None:
 
 
 async def _upstream(
-    policy: EgressPolicy, name: str | None, destination: str, port: int
+    policy: EgressPolicy, name: str | None, destination: str, port: int, *, pinned: bool
 ) -> Address | None:
-    """The address to connect to, or ``None``: refused."""
+    """The address to connect to, or ``None``: refused. ``pinned``: only to the name's own
+    addresses (it gets credentials: a guest must not send them elsewhere by naming it)."""
     chosen = ipaddress.ip_address(destination)
     verdict = policy.host_verdict(name) if name is not None else None
     if verdict == Verdict.REFUSE:
         return None
-    if verdict == Verdict.ACCEPT:
-        assert name is not None
+    if name is not None and (verdict == Verdict.ACCEPT or pinned):
         try:
             found = await asyncio.get_running_loop().getaddrinfo(
                 name, port, family=socket.AF_INET, type=socket.SOCK_STREAM
@@ -119,7 +120,7 @@ async def _upstream(
         if not addresses:
             return None
         chosen = chosen if chosen in addresses else addresses[0]
-    elif policy.address_verdict(chosen) == Verdict.REFUSE:
+    if verdict != Verdict.ACCEPT and policy.address_verdict(chosen) == Verdict.REFUSE:
         return None
     return None if _is_local(chosen) else chosen
 
@@ -152,13 +153,13 @@ async def _serve(
 ) -> None:
     try:
         sock = writer.get_extra_info("socket")
-        destination, port = original_destination(sock)
+        destination, port = _original_destination(sock)
         first = await _first_bytes(reader)
         policy, name = policies.current(), _name_of(first)
-        address = await _upstream(policy, name, destination, port)
+        headers = policy.headers_for(name) if name is not None and not is_tls(first) else {}
+        address = await _upstream(policy, name, destination, port, pinned=bool(headers))
         if address is None:
             return
-        headers = policy.headers_for(name) if name is not None and not is_tls(first) else {}
         if headers:  # plain HTTP: the operator's credentials go on (never into the guest)
             first = with_headers(first, headers)
         async with asyncio.timeout(_CONNECT_TIMEOUT_S):

@@ -1,4 +1,4 @@
-"""Enforcing a session's egress policy (:mod:`.egress`) with nftables, by socket owner.
+"""Enforcing a session's egress policy (:mod:`forkpoint.egress`) with nftables, by socket owner.
 
 passt makes the guest's connections as ordinary sockets of the session's uid in the host's
 network namespace, so one ``output`` hook matching ``meta skuid`` sees every packet a guest
@@ -38,9 +38,8 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import InternalError
-
-from .egress import EgressPolicy
 
 __all__ = [
     "PROXIED_PORTS",

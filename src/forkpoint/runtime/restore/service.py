@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from forkpoint import faults
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
 from forkpoint.models import Network, Session, SessionState
@@ -33,7 +34,6 @@ from forkpoint.runtime.sessions.machines import (
 from forkpoint.runtime.sessions.service import Sessions
 from forkpoint.store import CheckpointRecord, SessionRecord, session_lock_async
 from forkpoint.vm import MachineShape
-from forkpoint.vm.egress import EgressPolicy
 
 __all__ = ["Restore"]
 

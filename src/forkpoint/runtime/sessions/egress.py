@@ -14,10 +14,10 @@ import contextlib
 import functools
 import logging
 
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import InternalError
 from forkpoint.models import SESSION_UIDS
 from forkpoint.store import SessionRecord
-from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.egress_proxies import proxy_for, stop_proxy
 from forkpoint.vm.jail import Jail, jails_processes
 from forkpoint.vm.nftables import install_rules, remove_rules

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import Conflict, InternalError
 from forkpoint.models import Network, Session, SessionState
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.sessions.egress import install_filter, policy_of
 from forkpoint.store import session_lock_async
-from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail, jails_processes
 from forkpoint.vm.nftables import forget_policy
 

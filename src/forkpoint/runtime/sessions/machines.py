@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from forkpoint import faults
 from forkpoint.agent_client import confirm_restore, fresh_identity, post_identity
 from forkpoint.config import Home
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import ForkpointError, QemuError
 from forkpoint.images import Image
 from forkpoint.models import JAIL_UID_BASE, CheckpointKind, Network
@@ -39,7 +40,6 @@ from forkpoint.vm import (
     qemu_build,
 )
 from forkpoint.vm.disk import overlay_from_blank
-from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import passt_ready, start_passt, stop_passt
 from forkpoint.vm.process import is_running

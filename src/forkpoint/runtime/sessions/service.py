@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from forkpoint import faults
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import Conflict, Unsatisfiable
 from forkpoint.images import Image
 from forkpoint.models import (
@@ -50,7 +51,6 @@ from forkpoint.runtime.sessions.warm import WarmTarget
 from forkpoint.store import KEEP, CheckpointRecord, Keep, SessionRecord, session_lock_async
 from forkpoint.store.warm import WarmRecord
 from forkpoint.vm import Machine, MachineShape
-from forkpoint.vm.egress import EgressPolicy
 
 __all__ = ["Sessions"]
 
@@ -81,7 +81,7 @@ class Sessions:
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
         ``allow_net``/``deny_net``: CIDRs and host names adjusting the default egress
-        policy (see :mod:`forkpoint.vm.egress`); ``inject_headers``: ``{host: {name:
+        policy (see :mod:`forkpoint.egress`); ``inject_headers``: ``{host: {name:
         value}}`` set on the guest's plain-HTTP requests to that host, on the host's side.
         ``timeout_s``: its lifetime, from now, and ``on_expiry`` what happens at its end
         (see :meth:`set_timeout`). ``disk_mib``: its virtual disk's size, at least the

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from forkpoint.agent_client import AgentClient
 from forkpoint.config import Home
+from forkpoint.egress import EgressPolicy
 from forkpoint.errors import ForkpointError
 from forkpoint.images import Image
 from forkpoint.models import Network
@@ -44,7 +45,6 @@ from forkpoint.store import CheckpointRecord, Store, utc_now
 from forkpoint.store.warm import WarmRecord, WarmStore
 from forkpoint.vm import Machine, MachineShape, VmFiles, qemu_build
 from forkpoint.vm.disk import overlay_from_blank
-from forkpoint.vm.egress import EgressPolicy
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import passt_ready, start_passt
 from forkpoint.vm.process import is_running

@@ -3,20 +3,20 @@ address ranges they resolve to.
 
 By default a guest reaches the internet but not the network around the host: link-local
 (incl. cloud metadata services), private and carrier-grade NAT ranges, multicast, and the
-host's own addresses (those are matched by the kernel, :mod:`.nftables`). A session's
-``allow`` and ``deny`` CIDRs are layered on top: *any* of the session's own CIDRs beats the
-defaults (so ``allow 10.1.2.0/24`` opens that part of 10/8, and ``deny 0.0.0.0/0`` with a
-few ``allow``\\ s is an allow-list); among the session's own, the most specific wins, and a
-tie goes to deny.
+host's own addresses (those are matched by the kernel, :mod:`forkpoint.vm.nftables`). A
+session's ``allow`` and ``deny`` CIDRs are layered on top: *any* of the session's own CIDRs
+beats the defaults (so ``allow 10.1.2.0/24`` opens that part of 10/8, and ``deny 0.0.0.0/0``
+with a few ``allow``\\ s is an allow-list); among the session's own, the most specific wins,
+and a tie goes to deny.
 
 An entry may also be a host name (``pypi.org``; ``*.pythonhosted.org``: every name under it,
 at any depth, not the name itself — E2B's rule). Names cannot be judged by address: a
 guest's plain-HTTP (port 80) and TLS (port 443) connections then go through the session's
-egress proxy (:mod:`.egress_proxy`), which reads the name the guest asked for (the ``Host``
-header, the TLS SNI) at each connection. A named host is allowed or denied whatever its
-address (an allowed name beats a denied one, as an allowed CIDR beats a denied one); a
-connection whose name no entry names is judged by its address, as the kernel judges every
-other connection.
+egress proxy (:mod:`forkpoint.vm.egress_proxy`), which reads the name the guest asked for
+(the ``Host`` header, the TLS SNI) at each connection. A named host is allowed or denied
+whatever its address (an allowed name beats a denied one, as an allowed CIDR beats a denied
+one); a connection whose name no entry names is judged by its address, as the kernel judges
+every other connection.
 
 ``headers`` are the operator's credentials for named hosts: the proxy sets them on the
 guest's plain-HTTP requests to a matching host (the exact name first, else the longest
