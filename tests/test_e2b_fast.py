@@ -268,3 +268,46 @@ def test_template_builds_are_off_unless_asked_and_bad_input_is_refused(gateway: 
     assert not Template.exists("fp-off")
     listed = httpx.get(f"{gateway.url}/templates", headers=key).json()
     assert "fp-off" not in {name for t in listed for name in t["names"]}
+
+
+def test_a_sandbox_past_its_timeout_is_gone_before_the_reaper_removes_it(
+    tmp_path: Path,
+) -> None:
+    """Regression (the suite's test_shorten_timeout under load): ``is_running`` 1 s after
+    the end answered True because the reaper, a round a second, had not removed the VM."""
+    from dataclasses import replace
+
+    from forkpoint.config import Home
+    from forkpoint.e2b.sandboxes import GatewayConfig, Sandboxes
+    from forkpoint.errors import NotFound
+    from forkpoint.models import Expiry
+    from forkpoint.runtime import Runtime
+    from forkpoint.store import SessionRecord, SessionState, Store, utc_now
+    from forkpoint.store.e2b import E2bSandboxRecord
+
+    home = Home(tmp_path).ensure()
+    runtime = Runtime(home, Store.open(home))
+    try:
+        sandboxes = Sandboxes(runtime, GatewayConfig())
+        runtime.store.insert_layer("base.qcow2")
+        ids = {}
+        for name, ago, then in (("ended", 1.0, Expiry.REMOVE), ("living", -60.0, Expiry.REMOVE),
+                                ("pausing", 1.0, Expiry.PAUSE)):  # fmt: skip
+            new = SessionRecord.new(image="default", image_hash="ih", disk_layer="base.qcow2",
+                                    memory_mib=512, cpus=1)  # fmt: skip
+            record = runtime.store.insert_session(
+                replace(new, state=SessionState.RUNNING, expires_at=utc_now(ago), on_expiry=then)
+            )
+            sandboxes.records.insert(
+                E2bSandboxRecord(
+                    session_id=record.id, access_token="t", template="base", started_at=0
+                )  # fmt: skip
+            )
+            ids[name] = record.id
+        with pytest.raises(NotFound):
+            sandboxes.get(ids["ended"])
+        assert sandboxes.get(ids["living"]).id == ids["living"]
+        assert sandboxes.get(ids["pausing"]).id == ids["pausing"]  # paused, not gone
+        assert sorted(s.id for s in sandboxes.all()) == sorted([ids["living"], ids["pausing"]])
+    finally:
+        runtime.close()

@@ -95,11 +95,15 @@ def test_injected_headers_are_checked_matched_like_e2b_and_never_shown() -> None
     assert policy.headers_for("x.example.com") == {"X-Wild": "1"}  # never merged
     assert policy.headers_for("example.com") == {} == policy.headers_for("other.org")
     assert EgressPolicy.from_json(policy.to_json()) == policy  # the store keeps the values
+    spaced = EgressPolicy.of(headers={"a.org": {" X-Key ": " v \r\n"}})  # OWS: dropped
+    assert spaced.headers_for("a.org") == {"X-Key": "v"}
+    assert not EgressPolicy.of(allow=["a.org"]).host_verdict("a.org\n")
     shown = json.dumps(policy.shown())
     assert "s3cret" not in shown and "api.example.com: Authorization" in shown
     for bad, words in (
         ({"bad_host": {"A": "b"}}, "not a host name"),
         ({"a.org": {"Bad Name": "b"}}, "not a header name"),
+        ({"a.org": {"Auth\norization": "b"}}, "not a header name"),
         ({"a.org": {"A": "b\r\nX-Evil: 1"}}, "one line"),
         ({"a.org": {}}, "1 to 16 headers"),
     ):

@@ -51,7 +51,7 @@ Headers = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # ((host, ((name,
 MAX_HEADER_HOSTS = 64
 MAX_HEADERS_PER_HOST = 16
 MAX_HEADER_VALUE = 8192
-_TOKEN = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")  # an HTTP field name (RFC 9110)
+_TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")  # an HTTP field name (RFC 9110)
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -109,12 +109,12 @@ def parse_cidr(text: str) -> Net:
 # A DNS name (labels of letters, digits and hyphens), optionally ``*.`` for every name under
 # it; its last label starts with a letter, so no address is ever taken for a name.
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-_HOST_NAME = re.compile(rf"^(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?$")
+_HOST_NAME = re.compile(rf"(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?")
 
 
 def is_host_name(text: str) -> bool:
     """Whether ``text`` is a host-name rule (``pypi.org``, ``*.example.com``)."""
-    return len(text) <= 253 and _HOST_NAME.match(text) is not None
+    return len(text) <= 253 and _HOST_NAME.fullmatch(text) is not None  # "a.org\n" is not
 
 
 def parse_rule(text: str) -> str:
@@ -148,15 +148,17 @@ def parse_headers(headers: Mapping[str, Mapping[str, str]]) -> Headers:
             raise InvalidInput(f"headers: {host!r} is not a host name")
         if not fields or len(fields) > MAX_HEADERS_PER_HOST:
             raise InvalidInput(f"headers for {name}: 1 to {MAX_HEADERS_PER_HOST} headers")
-        for field, value in fields.items():
-            if not _TOKEN.match(field):
+        # Surrounding whitespace means nothing in HTTP (RFC 9110's OWS): dropped, not refused.
+        cleaned = {field.strip(): value.strip() for field, value in fields.items()}
+        for field, value in cleaned.items():
+            if not _TOKEN.fullmatch(field):
                 raise InvalidInput(f"headers for {name}: {field!r} is not a header name")
             if len(value) > MAX_HEADER_VALUE or any(c in value for c in "\r\n\0"):
                 raise InvalidInput(
                     f"headers for {name}: the value of {field} must be one line of at most "
                     f"{MAX_HEADER_VALUE} characters"
                 )
-        rules[name] = tuple(sorted(fields.items()))
+        rules[name] = tuple(sorted(cleaned.items()))
     return tuple(sorted(rules.items()))
 
 

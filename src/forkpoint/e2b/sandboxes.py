@@ -116,6 +116,17 @@ class Sandbox:
     def auto_pause(self) -> bool:
         return self.session.on_expiry == Expiry.PAUSE
 
+    @property
+    def ended(self) -> bool:
+        """Its lifetime is over and it is to be removed: gone for E2B from that moment,
+        though the reaper (a round a second, slower under load) may not have removed its
+        session yet."""
+        return (
+            self.session.expires_at is not None
+            and self.session.on_expiry == Expiry.REMOVE
+            and self.end_at <= time.time()
+        )
+
 
 class TrafficDenied(Exception):
     """A request to a sandbox's port without the traffic token it asks for (403)."""
@@ -144,13 +155,18 @@ class Sandboxes:
         except NotFound:
             self.records.delete(sandbox_id)
             raise NotFound(f"sandbox {sandbox_id} not found") from None
-        return Sandbox(session, record)
+        sandbox = Sandbox(session, record)
+        if sandbox.ended:  # its removal is on its way
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return sandbox
 
     def all(self) -> list[Sandbox]:
         out = []
         for record in self.records.list():
             with contextlib.suppress(NotFound):
-                out.append(Sandbox(self.runtime.get(record.session_id), record))
+                sandbox = Sandbox(self.runtime.get(record.session_id), record)
+                if not sandbox.ended:
+                    out.append(sandbox)
         return out
 
     async def reach(self, sandbox_id: str, traffic_token: str | None) -> Sandbox:
