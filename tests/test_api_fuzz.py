@@ -43,6 +43,7 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 CAP = 4  # FORKPOINT_API_MAX_SESSIONS of the fuzzed server (a diff adds a scratch fork)
 HEAVY = 2  # FORKPOINT_API_MAX_HEAVY: one operation the fuzzer stopped waiting for, one more
 RUNS = (("examples,coverage,fuzzing", 25), ("stateful", 60))  # phases, seconds each
+UNREACHED_S = 20  # a unit run for operations the first one never got to, if any
 FOCUSED_S = 30  # a last stateful run towards operations still without a 2xx, if any ...
 FOCUSED_RUNS = 6  # ... while some are still missing (a loaded host gets fewer requests in)
 _LIVE = (SessionState.RUNNING, SessionState.CREATING)
@@ -466,6 +467,16 @@ def _fuzz(client: httpx.Client, fuzz_home: Path) -> None:
     try:
         for phases, seconds in RUNS:
             runs.append(_schemathesis(url, token, phases, seconds, fuzz_home.parent / phases))
+            _settle_and_clean(client)
+        # The unit phases' time budget is shared: an operation with many cases (create's
+        # egress fields) can spend it all, and what the run never reached gets its own.
+        tallied = _tally(_operations(spec), [e for r in runs for e in r.entries])
+        unreached = {spec_ids[op] for op, answered in tallied.items() if not answered}
+        unreached -= set(STREAMS)  # walked below, never fuzzed
+        if unreached:
+            print(f"\nnot reached by the first runs, fuzzed on their own: {sorted(unreached)}")
+            out = fuzz_home.parent / "unreached"
+            runs.append(_schemathesis(url, token, RUNS[0][0], UNREACHED_S, out, unreached))
             _settle_and_clean(client)
         chained = _walk_chains(client, spec, os.environ["FORKPOINT_FUZZ_S3"])
         chained += _walk_streams(client)
