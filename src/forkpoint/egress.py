@@ -40,6 +40,11 @@ __all__ = [
     "EgressPolicy",
     "Span",
     "Verdict",
+    "HEADER_NAME_REGEX",
+    "HOST_NAME_REGEX",
+    "MAX_HEADERS_PER_HOST",
+    "MAX_HEADER_HOSTS",
+    "MAX_HEADER_VALUE",
     "is_host_name",
     "parse_cidr",
     "parse_headers",
@@ -51,7 +56,9 @@ Headers = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # ((host, ((name,
 MAX_HEADER_HOSTS = 64
 MAX_HEADERS_PER_HOST = 16
 MAX_HEADER_VALUE = 8192
-_TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")  # an HTTP field name (RFC 9110)
+#: An HTTP field name (RFC 9110's token), as the request schema states it too.
+HEADER_NAME_REGEX = r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}"
+_HEADER_NAME = re.compile(HEADER_NAME_REGEX)
 
 Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -109,7 +116,8 @@ def parse_cidr(text: str) -> Net:
 # A DNS name (labels of letters, digits and hyphens), optionally ``*.`` for every name under
 # it; its last label starts with a letter, so no address is ever taken for a name.
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-_HOST_NAME = re.compile(rf"(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?")
+HOST_NAME_REGEX = rf"(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?"
+_HOST_NAME = re.compile(HOST_NAME_REGEX)
 
 
 def is_host_name(text: str) -> bool:
@@ -151,7 +159,7 @@ def parse_headers(headers: Mapping[str, Mapping[str, str]]) -> Headers:
         # Surrounding whitespace means nothing in HTTP (RFC 9110's OWS): dropped, not refused.
         cleaned = {field.strip(): value.strip() for field, value in fields.items()}
         for field, value in cleaned.items():
-            if not _TOKEN.fullmatch(field):
+            if not _HEADER_NAME.fullmatch(field):
                 raise InvalidInput(f"headers for {name}: {field!r} is not a header name")
             if len(value) > MAX_HEADER_VALUE or any(c in value for c in "\r\n\0"):
                 raise InvalidInput(

@@ -30,6 +30,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from forkpoint.egress import (
+    HEADER_NAME_REGEX,
+    HOST_NAME_REGEX,
+    MAX_HEADER_HOSTS,
+    MAX_HEADER_VALUE,
+    MAX_HEADERS_PER_HOST,
+    parse_headers,
+    parse_rule,
+)
 from forkpoint.errors import InvalidInput
 from forkpoint.models import (
     DEFAULT_CPUS,
@@ -189,9 +198,6 @@ Command = Annotated[
 
 
 def _egress_rule(text: str) -> str:
-    from forkpoint.egress import parse_rule
-    from forkpoint.errors import InvalidInput
-
     try:  # a CIDR's host bits are cleared (10.1.2.3/16 is 10.1.0.0/16): no pattern can tell
         return parse_rule(text)
     except InvalidInput as error:
@@ -202,15 +208,12 @@ def _egress_rule(text: str) -> str:
 # or a host name: the API fuzzer sends anything a pattern allows.
 _V4 = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _H = "[0-9a-fA-F]{1,4}"
-_LABEL = "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-_HOST_NAME = rf"(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?"
-_HOST_PATTERN = f"^{_HOST_NAME}$"
 _EGRESS_PATTERN = (
     rf"^({_V4}(\.{_V4}){{3}}(/(3[0-2]|[12]?[0-9]))?"
     rf"|(({_H}:){{7}}{_H}|({_H}:){{1,7}}:|({_H}:){{1,6}}:{_H}|({_H}:){{1,5}}(:{_H}){{1,2}}"
     rf"|({_H}:){{1,4}}(:{_H}){{1,3}}|({_H}:){{1,3}}(:{_H}){{1,4}}|({_H}:){{1,2}}(:{_H}){{1,5}}"
     rf"|{_H}:(:{_H}){{1,6}}|:((:{_H}){{1,7}}|:))(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
-    rf"|(\*\.)?({_LABEL}\.)*[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?)$"
+    rf"|{HOST_NAME_REGEX})$"
 )
 
 EgressRule = Annotated[
@@ -219,7 +222,7 @@ EgressRule = Annotated[
     AfterValidator(_egress_rule),  # says "not a CIDR" in words, where the pattern would be quoted
     Field(
         description="An IPv4 or IPv6 network, e.g. 10.1.0.0/16 (a bare address: /32, /128), "
-        "or a host name (pypi.org; *.example.com: it and every name under it), judged by "
+        "or a host name (pypi.org; *.example.com: every name under it, not itself), judged by "
         "the name an HTTP or TLS connection asks for.",
         json_schema_extra={"pattern": _EGRESS_PATTERN},
     ),
@@ -228,9 +231,6 @@ EgressRules = Annotated[tuple[EgressRule, ...], Field(max_length=MAX_EGRESS_RULE
 
 
 def _headers(headers: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    from forkpoint.egress import parse_headers
-    from forkpoint.errors import InvalidInput
-
     try:
         return {host: dict(fields) for host, fields in parse_headers(headers)}
     except InvalidInput as error:
@@ -240,7 +240,7 @@ def _headers(headers: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
 InjectHeaders = Annotated[
     dict[str, dict[str, str]],
     Field(
-        max_length=64,
+        max_length=MAX_HEADER_HOSTS,
         description="Headers set on the guest's plain-HTTP requests to a host, e.g. "
         '{"api.example.com": {"Authorization": "Bearer ..."}} (``*.example.com``: every name '
         "under it; the exact name wins, else the longest match). The values stay on the host: "
@@ -248,15 +248,15 @@ InjectHeaders = Annotated[
         # What the validator accepts, stated in the schema (the API fuzzer sends anything
         # it allows): host names, 1-16 HTTP field names each, one-line values.
         json_schema_extra={
-            "propertyNames": {"pattern": _HOST_PATTERN, "maxLength": 253},
+            "propertyNames": {"pattern": f"^{HOST_NAME_REGEX}$", "maxLength": 253},
             "additionalProperties": {
                 "type": "object",
                 "minProperties": 1,
-                "maxProperties": 16,
-                "propertyNames": {"pattern": r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"},
+                "maxProperties": MAX_HEADERS_PER_HOST,
+                "propertyNames": {"pattern": f"^{HEADER_NAME_REGEX}$"},
                 "additionalProperties": {
                     "type": "string",
-                    "maxLength": 8192,
+                    "maxLength": MAX_HEADER_VALUE,
                     "pattern": r"^[^\r\n\x00]*$",
                 },
             },

@@ -58,12 +58,12 @@ def egress_of(
 
     :raises InvalidInput: not an address, CIDR or host name, or more than forkpoint keeps.
     """
-    allow_names = {_rule(text, "allowOut") for text in allow_out or ()}
-    deny_names = {_rule(text, "denyOut") for text in deny_out or ()}
-    allow = [ipaddress.ip_network(r) for r in allow_names if not is_host_name(r)]
-    deny = [ipaddress.ip_network(r) for r in deny_names if not is_host_name(r)]
-    allow_names = {r for r in allow_names if is_host_name(r)}
-    deny_names = {r for r in deny_names if is_host_name(r)} - allow_names
+    allow_rules = {_rule(text, "allowOut") for text in allow_out or ()}
+    deny_rules = {_rule(text, "denyOut") for text in deny_out or ()}
+    allow = [ipaddress.ip_network(r) for r in allow_rules if not is_host_name(r)]
+    deny = [ipaddress.ip_network(r) for r in deny_rules if not is_host_name(r)]
+    allow_names = {r for r in allow_rules if is_host_name(r)}
+    deny_names = {r for r in deny_rules if is_host_name(r)} - allow_names
     if internet is False:  # E2B: the same as denyOut 0.0.0.0/0
         deny.append(ipaddress.ip_network(ALL_TRAFFIC))
     if ipaddress.ip_network(ALL_TRAFFIC) in deny:
@@ -116,14 +116,14 @@ def headers_of(rules: object) -> dict[str, dict[str, str]] | None:
             raise shape
         fields = headers.setdefault(str(host), {})
         for rule in transforms:
-            transform = rule.get("transform") if isinstance(rule, dict) else None
             if not isinstance(rule, dict) or set(rule) - {"transform"}:
                 raise shape
+            transform = rule.get("transform")
             if transform is None:
                 continue
-            added = transform.get("headers") if isinstance(transform, dict) else None
             if not isinstance(transform, dict) or set(transform) - {"headers"}:
                 raise shape
+            added = transform.get("headers")
             if not isinstance(added, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in added.items()
             ):

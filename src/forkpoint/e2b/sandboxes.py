@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from forkpoint.config import ApiLimits
-from forkpoint.egress import EgressPolicy
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
 from forkpoint.images.recipe import E2B_BASE_IMAGE
 from forkpoint.models import (
@@ -292,7 +291,7 @@ class Sandboxes:
         headers = egress.headers
         if headers is None:  # E2B: rules left out of an update stay as they are
             record = await asyncio.to_thread(self.runtime.store.get_session, sandbox_id)
-            headers = EgressPolicy.from_json(record.egress).to_json().get("headers", {})
+            headers = record.egress.get("headers", {})  # as EgressPolicy.to_json keeps them
         await self.runtime.set_egress(sandbox_id, egress.allow, egress.deny, headers)
 
     def _timeout(self, timeout_s: int | None) -> int:

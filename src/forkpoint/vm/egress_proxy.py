@@ -89,8 +89,8 @@ async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
 def _said_enough(data: bytes) -> bool:
     if data[:1] == b"\x16" and len(data) < 5:
         return False  # a TLS record header, not whole yet
-    if is_tls(data):
-        return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[3:5], "big")
+    if is_tls(data):  # its 5-byte header is here: the record's length is known
+        return len(data) >= 5 + int.from_bytes(data[3:5], "big")
     if _HTTP_METHOD.match(data) is None:
         return True  # another protocol: its address decides, nothing to wait for
     return b"\r\n\r\n" in data
