@@ -23,7 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"protocol"},
     # the egress rules: a value the doors check and the engine enforces (pure, a leaf)
     "egress": {"errors"},
-    "requests": {"models", "errors", "egress"},
+    "requests": {"models", "errors", "egress", "volume_fs"},
+    # a volume's files, reached without leaving its directory (a leaf the runtime uses)
+    "volume_fs": {"errors", "models"},
     "faults": set(),
     "vm": {"errors", "config", "polling", "faults", "egress"},
     "agent_client": {"protocol", "errors", "polling"},
@@ -32,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "browser": {"errors"},
     "runtime": {
         "egress",
+        "volume_fs",
         "models",
         "requests",
         "vm",

@@ -44,6 +44,11 @@ class Home:
         return self.root / "portable"
 
     @property
+    def volumes(self) -> Path:
+        """Volumes' files, a directory each (``volumes/<id>``), outside every checkpoint."""
+        return self.root / "volumes"
+
+    @property
     def db(self) -> Path:
         return self.root / "forkpoint.db"
 

@@ -50,12 +50,14 @@ from forkpoint.models import (
     MAX_MEMORY_MIB,
     MAX_PORTS,
     MAX_TIMEOUT_S,
+    MAX_VOLUME_FILE_BYTES,
     MIN_MEMORY_MIB,
     NAME_PATTERN,
     Expiry,
     Network,
     OutputEncoding,
 )
+from forkpoint.volume_fs import MAX_LIST_DEPTH
 
 __all__ = [
     "BackgroundExecRequest",
@@ -86,6 +88,13 @@ __all__ = [
     "WatchRequest",
     "WatcherEventsRequest",
     "MetricsRequest",
+    "MAX_OWNER_ID",
+    "CreateVolumeRequest",
+    "VolumeDirRequest",
+    "VolumeEntriesRequest",
+    "VolumeMetadataRequest",
+    "VolumePathRequest",
+    "VolumeWriteRequest",
     "RollbackRequest",
     "TimeoutRequest",
     "TimeoutS",
@@ -116,6 +125,19 @@ def _json_flag(value: object) -> object:
 
 
 _JSON_FLAG = BeforeValidator(_json_flag)
+
+
+def _iso_instant(value: object) -> object:
+    # pydantic would read "0.0" or 17 as seconds since 1970; the schema says date-time (the
+    # API fuzzer's ?start=0.0 was answered 200).
+    if isinstance(value, str) and re.match(r"\d{4}-\d{2}-\d{2}", value):
+        return value
+    if isinstance(value, datetime):
+        return value
+    raise PydanticCustomError("datetime_type", "Input should be an ISO 8601 date and time")
+
+
+Instant = Annotated[datetime, BeforeValidator(_iso_instant)]
 Number = Annotated[float, Field(strict=True)]  # strict floats take ints, not bools or strings
 Flag = Annotated[bool, Field(strict=True)]
 GuestPort = Annotated[
@@ -569,6 +591,70 @@ class WatchRequest(_Request):
     entries: Flag = False
 
 
+VolumePath = Annotated[
+    str,
+    StringConstraints(pattern=_NO_NUL, min_length=1, max_length=4096),
+    Field(description="A path in the volume (relative to its root; `..` stays inside)."),
+]
+FileMode = Annotated[
+    int, Field(ge=0, le=0o7777, description="Permission bits (e.g. 420 = 0o644)."),
+    _JSON_INTEGER,
+]  # fmt: skip
+#: The largest uid or gid (2**32 - 1 means "no change" to chown).
+MAX_OWNER_ID = 2**32 - 2
+OwnerId = Annotated[int, Field(ge=0, le=MAX_OWNER_ID, description="A uid or gid."), _JSON_INTEGER]
+# base64 of at most MAX_VOLUME_FILE_BYTES bytes.
+_VOLUME_DATA_CHARS = 4 * -(-MAX_VOLUME_FILE_BYTES // 3)
+
+
+class CreateVolumeRequest(_Request):
+    name: Name
+
+
+class VolumePathRequest(_Request):
+    path: VolumePath
+
+
+class VolumeEntriesRequest(_Request):
+    """The entries below directory ``path``, ``depth`` levels deep."""
+
+    path: VolumePath = "/"
+    # A query string: its values arrive as text, so numbers are read from it (not strict).
+    depth: Annotated[int, Field(ge=1, le=MAX_LIST_DEPTH)] = 1
+
+
+class VolumeWriteRequest(_Request):
+    """Write ``data`` (base64) to file ``path``, whose directory must exist; ``force``
+    replaces an existing file."""
+
+    path: VolumePath
+    data: Annotated[str, StringConstraints(pattern=_BASE64, max_length=_VOLUME_DATA_CHARS)]
+    force: Flag = False
+    mode: FileMode | None = None
+    uid: OwnerId | None = None
+    gid: OwnerId | None = None
+
+    def content(self) -> bytes:
+        return base64.b64decode(self.data, validate=True)
+
+
+class VolumeDirRequest(_Request):
+    """Make directory ``path``; ``force``: its parents too, and an existing one is fine."""
+
+    path: VolumePath
+    force: Flag = False
+    mode: FileMode | None = None
+    uid: OwnerId | None = None
+    gid: OwnerId | None = None
+
+
+class VolumeMetadataRequest(_Request):
+    path: VolumePath
+    mode: FileMode | None = None
+    uid: OwnerId | None = None
+    gid: OwnerId | None = None
+
+
 class WatcherEventsRequest(_Request):
     """``wait``: with no change yet, wait up to this many seconds for the first."""
 
@@ -579,8 +665,8 @@ class MetricsRequest(_Request):
     """The samples taken from ``start`` to ``end`` (ISO 8601; without a zone: UTC; either
     may be left out)."""
 
-    start: datetime | None = None
-    end: datetime | None = None
+    start: Instant | None = None
+    end: Instant | None = None
 
 
 # SQLite's INTEGER is 64-bit signed: a larger event id cannot exist, nor be asked for.

@@ -46,11 +46,15 @@ from forkpoint.models import (
     PtySize,
     Session,
     StateDiff,
+    Volume,
+    VolumeEntry,
+    VolumeFile,
     Watcher,
 )
 from forkpoint.requests import (
     CheckpointRequest,
     CreateSessionRequest,
+    CreateVolumeRequest,
     DiffRequest,
     EgressRequest,
     EventsRequest,
@@ -67,6 +71,11 @@ from forkpoint.requests import (
     TerminalSizeRequest,
     TimeoutRequest,
     UndoRequest,
+    VolumeDirRequest,
+    VolumeEntriesRequest,
+    VolumeMetadataRequest,
+    VolumePathRequest,
+    VolumeWriteRequest,
     WatcherEventsRequest,
     WatchRequest,
 )
@@ -289,9 +298,66 @@ async def _remove_image(rt: Runtime, ids: Ids, request: None) -> list[str]:
     return await rt.remove_image(ids["image"])
 
 
+async def _create_volume(rt: Runtime, ids: Ids, request: CreateVolumeRequest) -> Volume:
+    return await rt.create_volume(request.name)
+
+
+async def _list_volumes(rt: Runtime, ids: Ids, request: None) -> list[Volume]:
+    return await asyncio.to_thread(rt.list_volumes)
+
+
+async def _get_volume(rt: Runtime, ids: Ids, request: None) -> Volume:
+    return await asyncio.to_thread(rt.get_volume, ids["volume"])
+
+
+async def _remove_volume(rt: Runtime, ids: Ids, request: None) -> None:
+    await rt.remove_volume(ids["volume"])
+
+
+async def _volume_entries(
+    rt: Runtime, ids: Ids, request: VolumeEntriesRequest
+) -> list[VolumeEntry]:
+    return await rt.volume_list(ids["volume"], request.path, request.depth)
+
+
+async def _volume_stat(rt: Runtime, ids: Ids, request: VolumePathRequest) -> VolumeEntry:
+    return await rt.volume_stat(ids["volume"], request.path)
+
+
+async def _read_volume_file(rt: Runtime, ids: Ids, request: VolumePathRequest) -> VolumeFile:
+    return await rt.volume_read_file(ids["volume"], request.path)
+
+
+async def _write_volume_file(rt: Runtime, ids: Ids, request: VolumeWriteRequest) -> VolumeEntry:
+    return await rt.volume_write(
+        ids["volume"], request.path, request.content(), force=request.force, mode=request.mode,
+        uid=request.uid, gid=request.gid,
+    )  # fmt: skip
+
+
+async def _volume_make_dir(rt: Runtime, ids: Ids, request: VolumeDirRequest) -> VolumeEntry:
+    return await rt.volume_make_dir(
+        ids["volume"], request.path, force=request.force, mode=request.mode, uid=request.uid,
+        gid=request.gid,
+    )  # fmt: skip
+
+
+async def _volume_set_metadata(
+    rt: Runtime, ids: Ids, request: VolumeMetadataRequest
+) -> VolumeEntry:
+    return await rt.volume_set_metadata(
+        ids["volume"], request.path, mode=request.mode, uid=request.uid, gid=request.gid
+    )
+
+
+async def _volume_remove(rt: Runtime, ids: Ids, request: VolumePathRequest) -> None:
+    await rt.volume_remove(ids["volume"], request.path)
+
+
 # -- the table -----------------------------------------------------------------------------
 
 _S = "/sessions/{session_id}"
+_V = "/volumes/{volume}"
 _C = "/checkpoints/{checkpoint_id:checkpoint_ref}"
 
 OPERATIONS: tuple[Op, ...] = (
@@ -501,6 +567,38 @@ OPERATIONS: tuple[Op, ...] = (
         "same ports), e.g. after the host restarted; one slot per session, a failure as an "
         "error in its slot.",
     ),
+    Op(
+        "create_volume", "POST", "/volumes", _create_volume, "Create a volume", "volumes",
+        CreateVolumeRequest, Volume, status=201, mcp=True,
+        description="A directory on the host that outlives sessions, for files an agent "
+        "keeps. It is outside every checkpoint: forks share it, a rollback does not undo it.",
+    ),
+    Op("list_volumes", "GET", "/volumes", _list_volumes, "List volumes", "volumes",
+       response=list[Volume], mcp=True,
+       description="Every volume with the space its files take."),
+    Op("get_volume", "GET", _V, _get_volume, "Show a volume", "volumes", response=Volume),
+    Op("remove_volume", "DELETE", _V, _remove_volume, "Remove a volume", "volumes",
+       description="The volume and every file in it."),
+    Op("volume_entries", "GET", f"{_V}/entries", _volume_entries, "List a volume directory",
+       "volumes", VolumeEntriesRequest, list[VolumeEntry], mcp=True,
+       description="The entries below a directory of a volume, depth levels deep."),
+    Op("volume_stat", "GET", f"{_V}/stat", _volume_stat, "Describe a volume path", "volumes",
+       VolumePathRequest, VolumeEntry),
+    Op("read_volume_file", "GET", f"{_V}/files", _read_volume_file, "Read a volume file",
+       "volumes", VolumePathRequest, VolumeFile, mcp=True,
+       description="A file of a volume: its entry and its content (base64)."),
+    Op("write_volume_file", "PUT", f"{_V}/files", _write_volume_file, "Write a volume file",
+       "volumes", VolumeWriteRequest, VolumeEntry, mcp=True,
+       description="Write a file of a volume (data: base64); its directory must exist, "
+       "force=true replaces an existing file. The new content appears whole."),
+    Op("volume_make_dir", "POST", f"{_V}/dirs", _volume_make_dir, "Make a volume directory",
+       "volumes", VolumeDirRequest, VolumeEntry, status=201,
+       description="force=true: its parents too, and an existing directory is fine."),
+    Op("volume_set_metadata", "PATCH", f"{_V}/entries", _volume_set_metadata,
+       "Change a volume path's mode or owner", "volumes", VolumeMetadataRequest, VolumeEntry),
+    Op("volume_remove", "POST", f"{_V}/remove", _volume_remove, "Remove a volume path",
+       "volumes", VolumePathRequest, mcp=True,
+       description="A file, or a directory with everything in it."),
 )  # fmt: skip
 
 #: The operations each door wires by hand (see the module's docstring).

@@ -32,6 +32,7 @@ def _register_all() -> None:
         sessions,
         shell,
         ui,
+        volumes,
         warm,
     )
 
@@ -49,6 +50,7 @@ def _register_all() -> None:
     serve.register(app)
     e2b.register(app)
     ui.register(app)
+    volumes.register(app)
     warm.register(app)
 
 

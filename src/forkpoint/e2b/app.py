@@ -19,6 +19,7 @@ from .envd import envd_router
 from .port_router import SandboxPortRouter
 from .sandboxes import Sandboxes
 from .template_routes import template_router, upload_router
+from .volumes import volume_content_router, volume_router
 
 __all__ = ["create_e2b_app"]
 
@@ -45,6 +46,8 @@ def create_e2b_app(sandboxes: Sandboxes, api_key: Callable[[], str]) -> FastAPI:
         dependencies=[Depends(require_key)],
     )
     app.include_router(control_router(sandboxes), dependencies=[Depends(require_key)])
+    app.include_router(volume_router(sandboxes.runtime), dependencies=[Depends(require_key)])
+    app.include_router(volume_content_router(sandboxes.runtime))
     app.include_router(upload_router(sandboxes.templates, api_key))
     app.include_router(envd_router(sandboxes))
     app.add_middleware(SandboxPortRouter, sandboxes=sandboxes)

@@ -128,7 +128,7 @@ _CHECKPOINT = _param("checkpoint", str)
 # A path id's name as a tool parameter.
 _ID_NAMES = {
     "session_id": _SESSION, "checkpoint_id": _CHECKPOINT, "watcher_id": _param("watcher", str),
-    "image": _param("image", str),
+    "image": _param("image", str), "volume": _param("volume", str),
 }  # fmt: skip
 # A list answer goes into an object (MCP's structured output is one), under this key.
 _LIST_KEYS = {"verify_checkpoint": "files", "history": "steps", "watcher_events": "events"}

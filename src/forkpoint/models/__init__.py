@@ -107,6 +107,7 @@ __all__ = [
     "MAX_MEMORY_MIB",
     "MAX_PORTS",
     "MAX_TIMEOUT_S",
+    "MAX_VOLUME_FILE_BYTES",
     "MIN_MEMORY_MIB",
     "NAME_PATTERN",
     "RESERVED_CHECKPOINT_NAMES",
@@ -123,6 +124,9 @@ __all__ = [
     "FileEntry",
     "FileEvent",
     "Watcher",
+    "Volume",
+    "VolumeEntry",
+    "VolumeFile",
     "Metric",
     "HostStatus",
     "ImageInfo",
@@ -162,6 +166,8 @@ MAX_CPUS = 64
 MAX_FORKS = 128  # sessions one fork call may start (the bench forks 100)
 MAX_PORTS = 64  # guest ports forwarded at create
 MAX_TIMEOUT_S = 30 * 24 * 3600  # a session's lifetime (create --timeout)
+#: The largest file a volume's content API reads or writes in one request (bytes).
+MAX_VOLUME_FILE_BYTES = 64 * 1024 * 1024
 MAX_EGRESS_RULES = 64  # CIDRs in each of a session's egress allow and deny lists
 # Each session's QEMU and passt run as a uid of their own, from a block of JAIL_UIDS that
 # belongs to the session's home: block b (1..JAIL_HOME_BLOCKS, chosen by the home's path, so
@@ -236,6 +242,43 @@ class Watcher:
     path: str
     recursive: bool = False
     entries: bool = False
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A directory on the host that outlives sessions, for files an agent keeps: ``name``
+    is unique, ``token`` the E2B content API's credential for it. ``size_bytes``: what
+    its files take."""
+
+    id: str
+    name: str
+    created_at: str
+    token: str
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class VolumeEntry:
+    """A path in a volume: ``type`` file, directory, symlink or unknown; times ISO 8601."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: str
+    mtime: str
+    ctime: str
+
+
+@dataclass(frozen=True)
+class VolumeFile:
+    """A volume file's content (``data``: base64) and what it is."""
+
+    entry: VolumeEntry
+    data: str
 
 
 class EventKind(StrEnum):

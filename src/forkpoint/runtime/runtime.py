@@ -36,6 +36,7 @@ from forkpoint.runtime.restore.service import Restore
 from forkpoint.runtime.sessions.egress_rules import EgressRules
 from forkpoint.runtime.sessions.lifetime import Lifetimes
 from forkpoint.runtime.sessions.service import Sessions
+from forkpoint.runtime.volumes import Volumes
 from forkpoint.store import Store
 from forkpoint.vm import QemuBuild
 from forkpoint.vm.jail import jails_processes
@@ -66,6 +67,7 @@ class Runtime(Queries):
         inspection = Inspection(context, restore, sessions, link)
         metrics = Metrics(context, link)
         egress = EgressRules(context)
+        volumes = Volumes(context)
         events = Events(context)
         announce = events.announce  # records what an operation did, once it succeeded
         self.watchers = watchers = Watchers(
@@ -142,6 +144,21 @@ class Runtime(Queries):
         self.list_processes = guest.list_processes
         self.tcp_tunnel = guest.tcp_tunnel
         self.checkpoint_files = context.checkpoint_files
+        self.create_volume = volumes.create_volume
+        self.list_volumes = volumes.list_volumes
+        self.get_volume = volumes.get_volume
+        self.remove_volume = volumes.remove_volume
+        self.volume_files = volumes.files
+        self.volume_records = volumes.records
+        self.volume_record = volumes.record
+        self.volume_stat = volumes.volume_stat
+        self.volume_list = volumes.volume_list
+        self.volume_read = volumes.volume_read
+        self.volume_read_file = volumes.volume_read_file
+        self.volume_write = volumes.volume_write
+        self.volume_make_dir = volumes.volume_make_dir
+        self.volume_set_metadata = volumes.volume_set_metadata
+        self.volume_remove = volumes.volume_remove
         #: What a long-lived door lets in; everything until one calls :meth:`serve_long_lived`.
         self.admission = Admission(UNLIMITED, self)
 

@@ -28,9 +28,11 @@ from forkpoint.models import (
     FileEntry,
     FileEvent,
     Process,
+    VolumeEntry,
 )
 from forkpoint.models import Checkpoint as CheckpointInfo
 from forkpoint.models import Session as SessionInfo
+from forkpoint.models import Volume as VolumeInfo
 from forkpoint.sdk._async import (
     AsyncCheckpoint,
     AsyncCommands,
@@ -49,8 +51,10 @@ from forkpoint.sdk._sync import (
     Sandbox,
     Terminal,
     Terminals,
+    Volume,
     Watcher,
 )
+from forkpoint.sdk._volume import AsyncVolume
 
 __all__ = [
     "AsyncCheckpoint",
@@ -60,6 +64,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncTerminal",
     "AsyncTerminals",
+    "AsyncVolume",
     "AsyncWatcher",
     "BackgroundProcess",
     "Checkpoint",
@@ -77,5 +82,8 @@ __all__ = [
     "SessionInfo",
     "Terminal",
     "Terminals",
+    "Volume",
+    "VolumeEntry",
+    "VolumeInfo",
     "Watcher",
 ]

@@ -3,7 +3,8 @@
 The twin itself is generated at import time (``_sync.py``), which type checkers cannot
 follow; this stub gives them the same surface with precise types, so
 ``Sandbox.create()`` is a ``Sandbox`` and ``sb.commands.runn(...)`` is an error. It is
-made from ``_async.py`` by rules, never by hand (httpcore's *unasync* idea):
+made from the async core (``_async.py``, ``_volume.py``) by rules, never by hand
+(httpcore's *unasync* idea):
 ``async def`` → ``def``, ``__aenter__``/``__aexit__`` → ``__enter__``/``__exit__``,
 ``AsyncX`` → ``X`` for every twin, bodies dropped. ``tests/test_sdk_types.py`` fails when
 the stub is stale. Regenerate with ``python -m forkpoint.sdk._stubgen``.
@@ -25,6 +26,8 @@ TWINS = {
     async_cls.__name__: twin.__name__
     for async_cls, twin in importlib.import_module("forkpoint.sdk._sync").TWINS.items()
 }
+#: The async core's modules.
+_CORE = ("_async.py", "_volume.py")
 _DUNDERS = {"__aenter__": "__enter__", "__aexit__": "__exit__"}
 _KEPT_DECORATORS = {"classmethod", "staticmethod", "property", "overload"}
 _HERE = Path(__file__).parent
@@ -89,8 +92,11 @@ def _used_imports(
 
 
 def render() -> str:
-    """The stub's text, from the current ``_async.py``."""
-    source = ast.parse((_HERE / "_async.py").read_text())
+    """The stub's text, from the async core as it is now."""
+    source = ast.Module(
+        body=[node for name in _CORE for node in ast.parse((_HERE / name).read_text()).body],
+        type_ignores=[],
+    )
     top_level = [
         *source.body,
         # the `if TYPE_CHECKING:` imports are plain imports in a stub

@@ -39,6 +39,7 @@ from ._async import (
     AsyncTerminals,
     AsyncWatcher,
 )
+from ._volume import AsyncVolume
 
 __all__ = [
     "Checkpoint",
@@ -49,6 +50,7 @@ __all__ = [
     "SyncTwin",
     "Terminal",
     "Terminals",
+    "Volume",
     "Watcher",
 ]
 
@@ -218,3 +220,7 @@ class Terminals(SyncTwin, twin_of=AsyncTerminals):
 
 class Watcher(SyncTwin, twin_of=AsyncWatcher):
     """Blocking :class:`~forkpoint.sdk.AsyncWatcher` (generated)."""
+
+
+class Volume(SyncTwin, twin_of=AsyncVolume):
+    """Blocking :class:`~forkpoint.sdk.AsyncVolume` (generated)."""

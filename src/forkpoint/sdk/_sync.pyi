@@ -25,8 +25,10 @@ from forkpoint.models import (
     Process,
     Session,
     StateDiff,
+    VolumeEntry,
 )
 from forkpoint.models import Checkpoint as CheckpointInfo
+from forkpoint.models import Volume as VolumeInfo
 from forkpoint.runtime import Runtime
 
 class SyncTwin: ...
@@ -287,6 +289,71 @@ class Checkpoint(SyncTwin):
     def __enter__(self) -> Checkpoint: ...
     def __exit__(self, *exc: Any) -> None: ...
 
+class Volume(SyncTwin):
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> Volume: ...
+    @classmethod
+    def get(
+        cls,
+        volume: str,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> Volume: ...
+    @classmethod
+    def list_volumes(
+        cls,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> list[VolumeInfo]: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def info(self) -> VolumeInfo: ...
+    def write(
+        self,
+        path: str,
+        data: str | bytes,
+        *,
+        force: bool = False,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> VolumeEntry: ...
+    def read(self, path: str) -> bytes: ...
+    def list_dir(self, path: str = "/", depth: int = 1) -> list[VolumeEntry]: ...
+    def stat(self, path: str) -> VolumeEntry: ...
+    def exists(self, path: str) -> bool: ...
+    def make_dir(
+        self,
+        path: str,
+        *,
+        force: bool = False,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> VolumeEntry: ...
+    def set_metadata(
+        self, path: str, *, mode: int | None = None, uid: int | None = None, gid: int | None = None
+    ) -> VolumeEntry: ...
+    def remove(self, path: str) -> None: ...
+    def destroy(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Volume: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
 __all__ = [
     "Checkpoint",
     "Commands",
@@ -296,5 +363,6 @@ __all__ = [
     "SyncTwin",
     "Terminal",
     "Terminals",
+    "Volume",
     "Watcher",
 ]

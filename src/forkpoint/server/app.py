@@ -558,9 +558,10 @@ WatcherId = Annotated[
 ImageName = Annotated[
     str, PathParam(pattern=NAME_PATTERN, description="An image's name (every build of it).")
 ]
+VolumeRef = Annotated[str, PathParam(pattern=NAME_PATTERN, description="A volume's id or name.")]
 _ID_PARAMS = {
     "session_id": SessionId, "checkpoint_id": CheckpointId, "pid": Pid, "watcher_id": WatcherId,
-    "image": ImageName,
+    "image": ImageName, "volume": VolumeRef,
 }  # fmt: skip
 
 

@@ -285,6 +285,20 @@ def _v14_filesystem_pause(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v16_volumes(conn: sqlite3.Connection) -> None:
+    """Volumes (``store/volumes.py``): directories that outlive sessions; ``token`` is the
+    E2B content API's credential for one."""
+    _run(
+        conn,
+        """CREATE TABLE volumes (
+            id         TEXT PRIMARY KEY,
+            name       TEXT NOT NULL UNIQUE,
+            token      TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        )""",
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_core,
     _v2_templates,
@@ -301,6 +315,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v13_events,
     _v14_filesystem_pause,
     migrate_e2b_templates,
+    _v16_volumes,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

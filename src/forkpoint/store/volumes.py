@@ -1,0 +1,65 @@
+"""Volumes (the ``volumes`` table): a name, an id and the E2B content API's token each;
+their files live under ``Home.volumes``."""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+
+from forkpoint.errors import Conflict, NotFound
+from forkpoint.models import Volume
+
+from .db import Store
+from .models import utc_now
+
+__all__ = ["VolumesStore"]
+
+_COLUMNS = "id, name, created_at, token"
+
+
+def _volume(row: tuple[str, str, str, str]) -> Volume:
+    return Volume(id=row[0], name=row[1], created_at=row[2], token=row[3])
+
+
+class VolumesStore:
+    """Volume rows, in the runtime's :class:`Store` (same database, same locks)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def add(self, name: str) -> Volume:
+        """A new volume called ``name`` (a name in use is a :class:`Conflict`)."""
+        volume = Volume(
+            id="v-" + secrets.token_hex(5), name=name, created_at=utc_now(),
+            token="fpv_" + secrets.token_urlsafe(24),
+        )  # fmt: skip
+        try:
+            with self.store.transaction() as conn:
+                conn.execute(
+                    f"INSERT INTO volumes ({_COLUMNS}) VALUES (?, ?, ?, ?)",
+                    (volume.id, volume.name, volume.created_at, volume.token),
+                )
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a volume named {name!r} exists already") from None
+        return volume
+
+    def all(self) -> list[Volume]:
+        """Every volume, oldest first."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(f"SELECT {_COLUMNS} FROM volumes ORDER BY created_at, id")
+            return [_volume(row) for row in rows.fetchall()]
+
+    def get(self, ref: str) -> Volume:
+        """The volume with id or name ``ref``."""
+        with self.store.transaction() as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM volumes WHERE id = ? OR name = ? ORDER BY id = ? DESC",
+                (ref, ref, ref),
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"no volume {ref!r}")
+        return _volume(row)
+
+    def remove(self, volume_id: str) -> None:
+        with self.store.transaction() as conn:
+            conn.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
