@@ -217,7 +217,7 @@ def _remove_sessions_directly(fuzz_home: Path) -> None:
 
 def _settle_and_clean(client: httpx.Client) -> None:
     """Wait for operations still running (a 202'd create would start a session later),
-    then remove every session and user checkpoint through the API."""
+    then remove every session, user checkpoint and volume through the API."""
     deadline = time.monotonic() + 120
     while any(op["state"] == "running" for op in client.get("/v1/operations").json()):
         assert time.monotonic() < deadline, "operations still running after 120 s"
@@ -230,6 +230,8 @@ def _settle_and_clean(client: httpx.Client) -> None:
             break
         for ck in left:
             client.delete(f"/v1/checkpoints/{ck['id']}")
+    for volume in client.get("/v1/volumes").json():
+        assert client.delete(f"/v1/volumes/{volume['id']}").status_code in (204, 404)
     assert client.get("/v1/sessions").json() == []
 
 

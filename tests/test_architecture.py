@@ -26,6 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "requests": {"models", "errors", "egress", "volume_fs"},
     # a volume's files, reached without leaving its directory (a leaf the runtime uses)
     "volume_fs": {"errors", "models"},
+    # the host side of guests' volume mounts: a process of its own (vm starts it by name)
+    "volume_server": {"protocol", "volume_fs", "models", "errors"},
     "faults": set(),
     "vm": {"errors", "config", "polling", "faults", "egress"},
     "agent_client": {"protocol", "errors", "polling"},

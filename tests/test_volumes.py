@@ -5,8 +5,14 @@ the gateway (control plane and content API, with the volume's own token)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +23,7 @@ from cli_run import cli
 from e2b_gateway import Gateway, running_gateway
 from forkpoint import volume_fs
 from forkpoint.errors import Conflict, InvalidInput, NotFound
+from forkpoint.models import VOLUME_UID
 from forkpoint.runtime import Runtime
 from forkpoint.sdk import Volume
 
@@ -199,3 +206,97 @@ def test_e2b_volumes_with_the_real_sdk(gateway: Gateway) -> None:
     finally:
         E2BVolume.destroy(volume.volume_id)
     assert name not in {v.name for v in E2BVolume.list()}
+
+
+def _relay(listener: socket.socket) -> None:
+    """Stand in for QEMU's chardev: the guest side connects first, then the host's
+    server; bytes pass both ways until either closes."""
+    guest, _ = listener.accept()
+    host, _ = listener.accept()
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    with guest, host:
+        back = threading.Thread(target=pipe, args=(host, guest), daemon=True)
+        back.start()
+        pipe(guest, host)
+        back.join()
+
+
+def _server(sock: Path, volumes: Path, mounts: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "forkpoint.volume_server", "--vm", "test-vm", "--socket",
+         str(sock), "--volumes", str(volumes), "--mount", mounts],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting FUSE takes root")
+def test_the_guest_bridge_serves_a_volume_over_fuse_and_survives_a_new_host(
+    tmp_path: Path,
+) -> None:
+    """The guest's side (guest/volumes.py) run on this host's kernel: a real FUSE mount
+    served by a real volume server through a relay standing in for QEMU's chardev."""
+    volumes, mnt = tmp_path / "volumes", tmp_path / "mnt"
+    (volumes / "v-1").mkdir(parents=True)
+    (volumes / "v-other").mkdir()
+    (volumes / "v-other" / "secret").write_text("not yours")
+    os.chown(volumes / "v-1", VOLUME_UID, VOLUME_UID)
+    sock = tmp_path / "vol.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock))
+    listener.listen(2)
+    bridge = subprocess.Popen(
+        [sys.executable, "-m", "forkpoint.guest.volumes", "--connect-unix", str(sock)]
+    )
+    server = None
+    try:
+        threading.Thread(target=_relay, args=(listener,), daemon=True).start()
+        server = _server(sock, volumes, f"v-1:{mnt}")
+        assert json.loads(server.stdout.readline() if server.stdout else "") == {
+            str(mnt): "mounted"
+        }
+        (mnt / "notes").mkdir()
+        (mnt / "notes" / "a.txt").write_text("one")
+        with (mnt / "notes" / "a.txt").open("a") as f:
+            f.write(" two")
+        (mnt / "notes" / "a.txt").rename(mnt / "notes" / "b.txt")
+        (mnt / "big.bin").write_bytes(os.urandom(1 << 20) * 3)
+        os.symlink("/etc/passwd", mnt / "link")
+        assert (volumes / "v-1" / "notes" / "b.txt").read_text() == "one two"
+        assert os.stat(volumes / "v-1" / "notes" / "b.txt").st_uid == VOLUME_UID
+        assert (volumes / "v-1" / "big.bin").stat().st_size == 3 << 20
+        assert os.readlink(volumes / "v-1" / "link") == "/etc/passwd"  # kept as a link
+        assert sorted(os.listdir(mnt)) == ["big.bin", "link", "notes"]
+        assert (mnt / "notes" / "b.txt").stat().st_uid == 0  # the volumes' user, shown as root
+        os.truncate(mnt / "big.bin", 10)
+        assert (volumes / "v-1" / "big.bin").stat().st_size == 10
+        # The server was never told of v-other, and `..` stays in v-1.
+        assert not (mnt / ".." / "v-other").exists() or "secret" not in os.listdir(mnt / "..")
+
+        # The VM's QEMU goes (a checkpoint restored elsewhere): a new server takes over,
+        # the mount is kept, and what waited meanwhile is answered.
+        server.kill()
+        server.communicate()
+        threading.Thread(target=_relay, args=(listener,), daemon=True).start()
+        server = _server(sock, volumes, f"v-1:{mnt}")
+        assert json.loads(server.stdout.readline() if server.stdout else "") == {str(mnt): "kept"}
+        (volumes / "v-1" / "from-the-host").write_text("written beside")
+        time.sleep(1.2)  # the kernel's cached listing expires (1 s)
+        assert (mnt / "from-the-host").read_text() == "written beside"
+        (mnt / "notes" / "b.txt").unlink()
+        (mnt / "notes").rmdir()
+        assert sorted(os.listdir(volumes / "v-1")) == ["big.bin", "from-the-host", "link"]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        for proc in (bridge, server):
+            if proc is not None:
+                proc.kill()
+                proc.communicate()
+        listener.close()

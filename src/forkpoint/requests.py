@@ -171,6 +171,13 @@ GuestPath = Annotated[
     Field(description="An absolute path in the guest."),
 ]
 _NO_NUL = r"^[^\x00]*$"
+#: A volume mount's place in the guest: absolute, normalised, no hidden components.
+MountPath = Annotated[
+    str,
+    StringConstraints(pattern=r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]{0,62}){1,16}$"),
+    Field(description="An absolute guest path to mount a volume at."),
+]
+MAX_MOUNTS = 16
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[^=\x00]+$", max_length=256)]
 Env = Annotated[
     dict[EnvKey, Annotated[str, StringConstraints(pattern=_NO_NUL, max_length=65536)]],
@@ -325,6 +332,11 @@ class CreateSessionRequest(_Request):
     history_keep: Annotated[int, Field(ge=1, le=1000), _JSON_INTEGER] = 20  # automatic ones kept
     on_expiry: Expiry = Field(
         default=Expiry.REMOVE, description="What happens when its lifetime ends."
+    )
+    volumes: Annotated[dict[MountPath, Ref], Field(max_length=MAX_MOUNTS)] = Field(
+        default_factory=dict,
+        description="Volumes to mount: {guest path: volume id or name}. A volume is outside "
+        "every checkpoint: forks share it, a rollback does not undo it.",
     )
 
 

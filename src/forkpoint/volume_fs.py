@@ -24,6 +24,8 @@ from forkpoint.models import VolumeEntry
 
 __all__ = [
     "MAX_LIST_DEPTH",
+    "open_dir",
+    "parts_of",
     "list_dir",
     "make_dir",
     "normalize",
@@ -47,24 +49,36 @@ def normalize(path: str) -> str:
     return "/" if normal == "//" else normal
 
 
-def _parts(path: str) -> list[str]:
+def parts_of(path: str) -> list[str]:
+    """The names along ``path`` (normalised: never ``..``)."""
     return [p for p in normalize(path).split("/") if p]
+
+
+def open_dir(root: Path, parts: list[str]) -> int:
+    """A descriptor of the directory ``parts`` below ``root``, no symlink followed (an
+    ``OSError`` as the kernel says it: ENOENT, ENOTDIR, ELOOP for a symlink)."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextmanager
 def _dir(root: Path, parts: list[str], shown: str) -> Iterator[int]:
-    """A descriptor of the directory ``parts`` below ``root``, no symlink followed."""
-    fd = os.open(root, _DIR_FLAGS)
+    """:func:`open_dir` with forkpoint's errors, closed on leaving."""
     try:
-        for part in parts:
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                raise NotFound(f"no such path in the volume: {shown}") from None
-            except (NotADirectoryError, OSError) as e:
-                raise Conflict(f"{shown}: {part} is not a directory") from e
-            os.close(fd)
-            fd = child
+        fd = open_dir(root, parts)
+    except FileNotFoundError:
+        raise NotFound(f"no such path in the volume: {shown}") from None
+    except OSError as e:
+        raise Conflict(f"{shown}: a part of it is not a directory") from e
+    try:
         yield fd
     finally:
         os.close(fd)
@@ -73,7 +87,7 @@ def _dir(root: Path, parts: list[str], shown: str) -> Iterator[int]:
 @contextmanager
 def _parent(root: Path, path: str) -> Iterator[tuple[int, str]]:
     """The parent directory's descriptor and the last name of a path that is not ``/``."""
-    parts = _parts(path)
+    parts = parts_of(path)
     if not parts:
         raise InvalidInput("the volume's root cannot be the target of this operation")
     with _dir(root, parts[:-1], normalize(path)) as fd:
@@ -121,7 +135,7 @@ def list_dir(root: Path, path: str, depth: int = 1) -> list[VolumeEntry]:
     if not 1 <= depth <= MAX_LIST_DEPTH:
         raise InvalidInput(f"depth must be 1 to {MAX_LIST_DEPTH}")
     shown = normalize(path)
-    with _dir(root, _parts(path), shown) as fd:
+    with _dir(root, parts_of(path), shown) as fd:
         return sorted(_walk(fd, shown, depth), key=lambda e: e.path)
 
 
@@ -199,7 +213,7 @@ def make_dir(
     """Make directory ``path``; with ``force`` its missing parents too, and an existing
     directory is no error."""
     shown = normalize(path)
-    parts = _parts(path)
+    parts = parts_of(path)
     if not parts:
         if force:
             return stat_path(root, "/")

@@ -18,7 +18,7 @@ from forkpoint.requests import CreateSessionRequest
 
 __all__ = [
     "AllowNetOption", "CpusOption", "DenyNetOption", "ImageOption", "InjectHeaderOption",
-    "MemoryOption", "NetworkOption", "OnTimeoutOption", "inject_headers_of",
+    "MemoryOption", "NetworkOption", "OnTimeoutOption", "inject_headers_of", "volumes_of",
 ]  # fmt: skip
 
 
@@ -60,6 +60,23 @@ InjectHeaderOption = Annotated[
     ),
 ]
 OnTimeoutOption = Annotated[Expiry, typer.Option("--on-timeout", help=_help("on_expiry"))]
+
+
+def volumes_of(options: list[str] | None) -> dict[str, str]:
+    """``--volume VOLUME:/PATH`` options as a request's ``volumes`` (``{path: volume}``).
+
+    :raises InvalidInput: an option without ``:``, or a path mounted twice."""
+    from forkpoint.errors import InvalidInput
+
+    mounts: dict[str, str] = {}
+    for option in options or ():
+        volume, colon, path = option.partition(":")
+        if not (colon and volume and path):
+            raise InvalidInput(f"--volume {option!r}: expected VOLUME:/PATH")
+        if path in mounts:
+            raise InvalidInput(f"--volume: {path} is given twice")
+        mounts[path] = volume
+    return mounts
 
 
 def inject_headers_of(options: list[str] | None) -> dict[str, dict[str, str]]:

@@ -33,6 +33,7 @@ from forkpoint.cli.options import (
     NetworkOption,
     OnTimeoutOption,
     inject_headers_of,
+    volumes_of,
 )
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
@@ -93,6 +94,17 @@ def create_command(
     history_keep: Annotated[
         int, typer.Option("--history-keep", help="Automatic checkpoints kept (with --history).")
     ] = 20,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--volume",
+            "-v",
+            metavar="VOLUME:/PATH",
+            help="Mount a volume (forkpoint volume create) at PATH in the guest (repeatable). "
+            "A volume is outside every checkpoint: forks share it, a rollback does not undo "
+            "what was written to it.",
+        ),
+    ] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create a session (a running microVM) from an image.
@@ -110,10 +122,11 @@ def create_command(
             image=image, memory_mib=memory, cpus=cpus, name=name, ports=port or [],
             network=network, allow_net=allow_net or [], deny_net=deny_net or [],
             inject_headers=headers, timeout_s=timeout, disk_mib=disk_mib, history=history,
-            history_keep=history_keep, on_expiry=on_timeout,
+            history_keep=history_keep, on_expiry=on_timeout, volumes=mounts,
         )  # fmt: skip
 
     disk_mib = _mib(disk) if disk is not None else None
+    mounts = volumes_of(volume)
     headers = inject_headers_of(inject_header)
 
     with spinner(f"creating a session from image {image}…"), Timer() as timer:

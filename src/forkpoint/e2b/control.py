@@ -96,6 +96,7 @@ def control_router(sandboxes: Sandboxes) -> APIRouter:
             public_traffic=network.allowPublicTraffic is not False,
             auto_resume=body.autoResume is not None and body.autoResume.enabled,
             host_mask=host_mask(network.maskRequestHost),
+            volumes={m.path: m.name for m in body.volumeMounts or ()},
         )  # fmt: skip
         return _out(sandboxes, await sandboxes.create(spec))
 

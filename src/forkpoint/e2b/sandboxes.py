@@ -86,6 +86,8 @@ class SandboxSpec:
     public_traffic: bool = True
     auto_resume: bool = False
     host_mask: str | None = None
+    #: ``{guest path: volume name}`` (E2B's ``volumeMounts``).
+    volumes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,8 @@ class Sandboxes:
         if spec.egress.no_internet and not self.runtime.filters_egress:
             network = Network.NONE  # unjailed guests are not filtered: no NIC at all
             egress = Egress()
+        if checkpoint is not None and spec.volumes:
+            raise InvalidInput("volume mounts need a template: a snapshot keeps its own")
         if checkpoint is not None:
             ticket, _ = await admission.fork(checkpoint.id, 1)
             with ticket:
@@ -240,6 +244,7 @@ class Sandboxes:
                         network=network, allow_net=egress.allow, deny_net=egress.deny,
                         inject_headers=egress.headers,
                         timeout_s=self._timeout(spec.timeout_s), on_expiry=on_expiry,
+                        volumes=spec.volumes,
                     )  # fmt: skip
                 if not spec.pause_memory:
                     session = await self.runtime.set_timeout(

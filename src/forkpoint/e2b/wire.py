@@ -62,6 +62,11 @@ class AutoResumeBody(_Body):
     enabled: bool = False
 
 
+class VolumeMountBody(_Body):
+    name: str = Field(max_length=200)
+    path: str = Field(max_length=4096)
+
+
 class NewSandbox(_Body):
     templateID: str | None = Field(default=None, max_length=200)
     timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
@@ -72,6 +77,7 @@ class NewSandbox(_Body):
     network: NetworkBody | None = None
     metadata: dict[str, str] | None = None
     envVars: dict[str, str] | None = None
+    volumeMounts: list[VolumeMountBody] | None = None
 
 
 class ConnectBody(_Body):

@@ -57,6 +57,7 @@ from .transport import (
     find_virtio_port,
 )
 from .tunnels import TunnelOps
+from .volumes import start_bridge
 from .watch import WatchOps
 
 __all__ = ["Agent", "error_for", "main"]
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(transport, log_dir=opts.log_dir, identity_dry_run=opts.identity_dry_run)
     if not opts.connect_unix:  # in a guest: say whether a restore must wait for it
         ListenersPort(agent.restores).start()
+        threading.Thread(target=start_bridge, name="volumes-start", daemon=True).start()
     try:
         agent.serve_forever()
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ MODULES: tuple[str, ...] = (
     "failover",
     "net_failover",
     "virtio_net",
+    "fuse",  # volume mounts (guest/volumes.py)
 )
 
 _APPLETS = (

@@ -108,6 +108,7 @@ __all__ = [
     "MAX_PORTS",
     "MAX_TIMEOUT_S",
     "MAX_VOLUME_FILE_BYTES",
+    "VOLUME_UID",
     "MIN_MEMORY_MIB",
     "NAME_PATTERN",
     "RESERVED_CHECKPOINT_NAMES",
@@ -178,6 +179,9 @@ JAIL_UID_BASE = 1_900_000_000
 JAIL_UIDS = 65_536
 JAIL_HOME_BLOCKS = 256
 SESSION_UIDS = range(JAIL_UID_BASE + JAIL_UIDS, JAIL_UID_BASE + (JAIL_HOME_BLOCKS + 1) * JAIL_UIDS)
+#: Who owns volumes' files on the host and serves them to guests (``volume_server.py``):
+#: no session's uid, so no guest's QEMU can touch them.
+VOLUME_UID = JAIL_UID_BASE - 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 #: Names the REST API's checkpoint paths use themselves (``POST /v1/checkpoints/pull``):
 #: ``/v1/checkpoints/{checkpoint_id}`` does not match them, so no checkpoint takes them.

@@ -68,6 +68,7 @@ __all__ = [
     "HookRun",
     "RESTORE_EVENTS",
     "RESTORE_LISTENERS_PORT",
+    "VOLUMES_PORT",
     "MAX_HOOK_TIMEOUT_S",
     "SpawnArgs",
     "SpawnResult",
@@ -509,6 +510,8 @@ RESTORE_EVENTS: Final = ("create", "fork", "rollback", "resume")
 #: The virtio-serial port a guest holds open while it has processes or hooks to tell of a
 #: restore: QEMU shows the host whether it is open, with no round trip to the guest.
 RESTORE_LISTENERS_PORT: Final = "restore-listeners"
+#: The virtio-serial port of a guest's volume mounts (``guest/volumes.py``).
+VOLUMES_PORT: Final = "volumes"
 #: The longest one restore hook may be given.
 MAX_HOOK_TIMEOUT_S: Final = 300.0
 

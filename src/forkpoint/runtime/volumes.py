@@ -17,7 +17,13 @@ from pathlib import Path
 
 from forkpoint import volume_fs
 from forkpoint.errors import InvalidInput
-from forkpoint.models import MAX_VOLUME_FILE_BYTES, Volume, VolumeEntry, VolumeFile
+from forkpoint.models import (
+    MAX_VOLUME_FILE_BYTES,
+    VOLUME_UID,
+    Volume,
+    VolumeEntry,
+    VolumeFile,
+)
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.store.models import validate_name
 from forkpoint.store.volumes import VolumesStore
@@ -36,6 +42,15 @@ def _size(root: Path) -> int:
     return total
 
 
+#: Who owns what forkpoint writes into volumes, unless asked otherwise: the volumes' user
+#: (as root; a user's own forkpoint writes as that user).
+_OWNER = VOLUME_UID if os.geteuid() == 0 else None
+
+
+def _owned(uid: int | None, gid: int | None) -> tuple[int | None, int | None]:
+    return (_OWNER if uid is None else uid), (_OWNER if gid is None else gid)
+
+
 class Volumes:
     """The volumes of one home."""
 
@@ -50,8 +65,14 @@ class Volumes:
     async def create_volume(self, name: str) -> Volume:
         validate_name(name, "volume")
         volume = await asyncio.to_thread(self.rows.add, name)
-        await asyncio.to_thread(self.files(volume).mkdir, 0o755, True, True)
+        await asyncio.to_thread(self._make_root, self.files(volume))
         return volume
+
+    @staticmethod
+    def _make_root(root: Path) -> None:
+        root.mkdir(0o755, parents=True, exist_ok=True)
+        if _OWNER is not None:  # the guests' server writes as the volumes' own user
+            os.chown(root, _OWNER, _OWNER)
 
     def records(self) -> list[Volume]:
         """Every volume, without walking its files (``size_bytes`` 0)."""
@@ -103,6 +124,7 @@ class Volumes:
     ) -> VolumeEntry:  # fmt: skip
         if len(data) > MAX_VOLUME_FILE_BYTES:
             raise InvalidInput(f"a volume file is at most {MAX_VOLUME_FILE_BYTES} bytes")
+        uid, gid = _owned(uid, gid)
         return await asyncio.to_thread(
             lambda: volume_fs.write_file(
                 self._root(ref), path, data, force=force, mode=mode, uid=uid, gid=gid
@@ -113,6 +135,7 @@ class Volumes:
         self, ref: str, path: str, *, force: bool = False, mode: int | None = None,
         uid: int | None = None, gid: int | None = None,
     ) -> VolumeEntry:  # fmt: skip
+        uid, gid = _owned(uid, gid)
         return await asyncio.to_thread(
             lambda: volume_fs.make_dir(
                 self._root(ref), path, force=force, mode=mode, uid=uid, gid=gid

@@ -355,6 +355,7 @@ class AsyncSandbox:
         history: bool = False,
         history_keep: int = 20,
         on_expiry: str = "remove",
+        volumes: Mapping[str, str] | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,
@@ -365,7 +366,9 @@ class AsyncSandbox:
         guest's plain-HTTP requests to that host, never seen by the guest; ``timeout``:
         seconds until it is removed, or paused with ``on_expiry="pause"``; ``disk_mib``:
         its virtual disk, at least the image's; ``history``: a checkpoint before every command and
-        file write, see :meth:`history` and :meth:`undo`, the last ``history_keep`` kept).
+        file write, see :meth:`history` and :meth:`undo`, the last ``history_keep`` kept;
+        ``volumes``: ``{guest path: volume id or name}`` mounted in it — outside every
+        checkpoint: forks share them, a rollback does not undo them).
         :raises NotFound: no such image. :raises InvalidInput:
         :raises LimitExceeded: the host's disk reserve or session count would be crossed."""
         async with ApiClient.held(base_url, token, runtime) as client:
@@ -374,7 +377,7 @@ class AsyncSandbox:
                 network=str(network), allow_net=list(allow_net), deny_net=list(deny_net),
                 inject_headers={h: dict(f) for h, f in (inject_headers or {}).items()},
                 timeout_s=timeout, disk_mib=disk_mib, history=history,
-                history_keep=history_keep, on_expiry=on_expiry,
+                history_keep=history_keep, on_expiry=on_expiry, volumes=dict(volumes or {}),
             )  # fmt: skip
             return cls(client, info)
 

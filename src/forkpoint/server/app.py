@@ -646,6 +646,12 @@ def _links_of(name: str) -> dict[str, Any]:
         return _checkpoint_links()
     if name == "push_checkpoint":
         return _pull_links()
+    if name in ("create_volume", "get_volume"):
+        return _volume_links("$response.body#/id")
+    if name == "list_volumes":
+        return _volume_links("$response.body#/0/id")
+    if name in ("write_volume_file", "volume_make_dir"):
+        return _volume_path_links(directory=name == "volume_make_dir")
     if name == "create_watcher":
         return {
             _link_name(target): {
@@ -713,6 +719,41 @@ def _checkpoint_links(
         "operationId": "diff",
         "requestBody": {"a": checkpoint_id, "b": "$request.path.session_id"},
     }
+    return links
+
+
+def _volume_links(volume: str) -> dict[str, Any]:
+    """From a volume's id to the operations on it (a file and a directory to start with)."""
+    links: dict[str, Any] = {
+        _link_name(target): {"operationId": target, "parameters": {"volume": volume}}
+        for target in ("get_volume", "remove_volume", "volume_entries", "volume_stat")
+    }
+    links["VolumeEntries"]["parameters"]["path"] = "/"
+    links["VolumeStat"]["parameters"]["path"] = "/"
+    links["WriteVolumeFile"] = {
+        "operationId": "write_volume_file", "parameters": {"volume": volume},
+        "requestBody": {"path": "/notes.txt", "data": "aGk=", "force": True},
+    }  # fmt: skip
+    links["VolumeMakeDir"] = {
+        "operationId": "volume_make_dir", "parameters": {"volume": volume},
+        "requestBody": {"path": "/docs", "force": True},
+    }  # fmt: skip
+    return links
+
+
+def _volume_path_links(*, directory: bool) -> dict[str, Any]:
+    """From a volume path just made to the operations on it."""
+    where = {"volume": "$request.path.volume", "path": "$response.body#/path"}
+    targets = ["volume_stat", "volume_set_metadata", "volume_remove"]
+    targets.append("volume_entries" if directory else "read_volume_file")
+    links: dict[str, Any] = {}
+    for target in targets:
+        link: dict[str, Any] = {"operationId": target, "parameters": {"volume": where["volume"]}}
+        if target in ("volume_set_metadata", "volume_remove"):  # their path is in the body
+            link["requestBody"] = {"path": where["path"]}
+        else:
+            link["parameters"]["path"] = where["path"]
+        links[_link_name(target)] = link
     return links
 
 

@@ -287,7 +287,8 @@ def _v14_filesystem_pause(conn: sqlite3.Connection) -> None:
 
 def _v16_volumes(conn: sqlite3.Connection) -> None:
     """Volumes (``store/volumes.py``): directories that outlive sessions; ``token`` is the
-    E2B content API's credential for one."""
+    E2B content API's credential for one; ``volume_mounts`` where each session's guest has
+    them (a volume in use cannot be removed)."""
     _run(
         conn,
         """CREATE TABLE volumes (
@@ -296,6 +297,13 @@ def _v16_volumes(conn: sqlite3.Connection) -> None:
             token      TEXT NOT NULL,
             created_at TEXT NOT NULL
         )""",
+        """CREATE TABLE volume_mounts (
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            path       TEXT NOT NULL,
+            volume_id  TEXT NOT NULL REFERENCES volumes(id),
+            PRIMARY KEY (session_id, path)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX volume_mounts_volume ON volume_mounts(volume_id)",
     )
 
 

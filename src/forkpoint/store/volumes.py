@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
+from collections.abc import Iterable
 
-from forkpoint.errors import Conflict, NotFound
+from forkpoint.errors import Conflict, InUse, NotFound
 from forkpoint.models import Volume
 
 from .db import Store
@@ -61,5 +62,32 @@ class VolumesStore:
         return _volume(row)
 
     def remove(self, volume_id: str) -> None:
+        """Forget the volume. :raises InUse: a session has it mounted."""
         with self.store.transaction() as conn:
+            users = [row[0] for row in conn.execute(
+                "SELECT DISTINCT session_id FROM volume_mounts WHERE volume_id = ? "
+                "ORDER BY session_id", (volume_id,),
+            )]  # fmt: skip
+            if users:
+                raise InUse(f"volume {volume_id} is mounted by session(s) {', '.join(users)}")
             conn.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
+
+    def set_mounts(self, session_id: str, mounts: Iterable[tuple[str, str]]) -> None:
+        """Record that ``session_id``'s guest has ``mounts`` (``(volume id, path)``); a
+        volume removed meanwhile is left out (its mount serves nothing)."""
+        with self.store.transaction() as conn:
+            conn.execute("DELETE FROM volume_mounts WHERE session_id = ?", (session_id,))
+            conn.executemany(
+                "INSERT INTO volume_mounts (session_id, path, volume_id) SELECT ?, ?, ? "
+                "WHERE EXISTS (SELECT 1 FROM volumes WHERE id = ?)",
+                [(session_id, at, vol, vol) for vol, at in mounts],
+            )
+
+    def mounts_of(self, session_id: str) -> tuple[tuple[str, str], ...]:
+        """``session_id``'s mounts: ``(volume id, path)`` pairs, by path."""
+        with self.store.transaction() as conn:
+            rows = conn.execute(
+                "SELECT volume_id, path FROM volume_mounts WHERE session_id = ? ORDER BY path",
+                (session_id,),
+            ).fetchall()
+        return tuple((str(v), str(p)) for v, p in rows)

@@ -20,6 +20,7 @@ __all__ = ["RESTORE_LISTENERS_CHARDEV", "TCG_TB_MIB", "build_argv", "guest_cmdli
 RESTORE_LISTENERS_CHARDEV = "rl"
 # The guest knows it as protocol.RESTORE_LISTENERS_PORT (vm does not import the protocol).
 RESTORE_LISTENERS_PORT = "restore-listeners"
+VOLUMES_PORT = "volumes"  # protocol.VOLUMES_PORT
 
 TCG_TB_MIB = 128  # measured: ≈ 70 MiB after booting and a broad workload (docs)
 # QEMU's default CPU model (qemu64) lacks ARAT, so the guest kernel assumes its local APIC
@@ -97,6 +98,9 @@ def build_argv(
         "-chardev", f"null,id={RESTORE_LISTENERS_CHARDEV}",
         "-device",
         f"virtserialport,chardev={RESTORE_LISTENERS_CHARDEV},name={RESTORE_LISTENERS_PORT}",
+        # The guest's volume mounts, served by volume_server.py (guest/volumes.py).
+        "-chardev", f"socket,id=vol,path={files.volumes_socket},server=on,wait=off",
+        "-device", f"virtserialport,chardev=vol,name={VOLUMES_PORT}",
         "-chardev", chardev(files, ring=not console_file),
         "-serial", "chardev:ser0",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",

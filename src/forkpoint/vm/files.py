@@ -44,6 +44,11 @@ class VmFiles:
         return self.sock_dir / f"net{self._suffix}.sock"
 
     @property
+    def volumes_socket(self) -> Path:
+        """The guest's volume mounts' port (``volume_server.py`` connects to it)."""
+        return self.sock_dir / f"vol{self._suffix}.sock"
+
+    @property
     def _suffix(self) -> str:
         return f".{self.tag}" if self.tag else ""
 
@@ -84,6 +89,7 @@ class VmFiles:
             (self.qmp_socket, own.qmp_socket),
             (self.agent_socket, own.agent_socket),
             (self.net_socket, own.net_socket),
+            (self.volumes_socket, own.volumes_socket),
             (self.pidfile, own.pidfile),
         ):
             with contextlib.suppress(FileNotFoundError):  # no network: no net socket
@@ -91,7 +97,10 @@ class VmFiles:
 
     def remove_own(self) -> None:
         """Delete the sockets and pidfile of these files (a standby's, once it is gone)."""
-        for path in (self.qmp_socket, self.agent_socket, self.net_socket, self.pidfile):
+        for path in (
+            self.qmp_socket, self.agent_socket, self.net_socket, self.volumes_socket,
+            self.pidfile,
+        ):  # fmt: skip
             path.unlink(missing_ok=True)
 
     def ensure(self) -> VmFiles:

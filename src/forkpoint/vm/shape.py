@@ -16,7 +16,7 @@ __all__ = ["BootFiles", "MachineShape", "Network"]
 Network = Literal["user", "none"]
 
 # Bumped whenever the argv's device layout changes: old checkpoints then refuse to load.
-ARGV_LAYOUT_VERSION = 8
+ARGV_LAYOUT_VERSION = 9
 
 
 @dataclass(frozen=True)

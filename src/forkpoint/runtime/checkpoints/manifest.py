@@ -94,6 +94,9 @@ class Manifest:
     #: The guest had processes or hooks to tell of a restore (``guest/restore.py``): a
     #: restore of this checkpoint returns once the guest has told them.
     restore_listeners: bool = False
+    #: The volumes the guest had mounted: ``(volume id, guest path)`` pairs; a restore
+    #: serves them again (``forkpoint/volume_server.py``).
+    volumes: tuple[tuple[str, str], ...] = ()
 
     # -- files -------------------------------------------------------------------------
 
@@ -140,6 +143,7 @@ class Manifest:
             "written_ms": s.written_ms, "duration_ms": self.duration_ms,
             **({"host": dict(self.host)} if self.host else {}),
             **({"restore_listeners": True} if self.restore_listeners else {}),
+            **({"volumes": [list(v) for v in self.volumes]} if self.volumes else {}),
         }  # fmt: skip
         if self.files is not None:
             out["files"] = self.files
@@ -191,6 +195,7 @@ class Manifest:
                 host=dict(data.get("host") or {}),
                 files=dict(data["files"]) if isinstance(data.get("files"), dict) else None,
                 restore_listeners=data.get("restore_listeners") is True,
+                volumes=tuple((str(v), str(at)) for v, at in data.get("volumes", ())),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise IncompatibleCheckpoint(

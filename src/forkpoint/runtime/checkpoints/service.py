@@ -15,6 +15,7 @@ from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.restore.prepare import RollbackPreparer
 from forkpoint.store import CheckpointRecord, SessionRecord, session_lock_async, validate_name
+from forkpoint.store.volumes import VolumesStore
 from forkpoint.vm import Machine, MachineShape
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class Checkpoints:
         self.context = context
         self.collector = collector
         self.preparer = preparer
+        self.volumes = VolumesStore(context.store)
 
     async def checkpoint(
         self, session: str, name: str | None = None, *, kind: CheckpointKind = CheckpointKind.USER
@@ -83,6 +85,7 @@ class Checkpoints:
                 session_id=record.id, name=name, kind=kind, image=image,
                 shape=shape, parent=record.parent_checkpoint,
                 guest_ports=tuple(p.guest_port for p in record.ports),
+                volumes=await asyncio.to_thread(self.volumes.mounts_of, record.id),
             )  # fmt: skip
             return await self.context.checkpointer.write(
                 machine, self._ram_base(record), layer, origin

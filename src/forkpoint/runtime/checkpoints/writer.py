@@ -41,6 +41,7 @@ class CheckpointOrigin:
     shape: MachineShape
     parent: str | None
     guest_ports: tuple[int, ...]
+    volumes: tuple[tuple[str, str], ...] = ()
 
 
 class Checkpointer:
@@ -90,7 +91,7 @@ class Checkpointer:
                 parent_checkpoint=origin.parent, ports=origin.guest_ports, stats=stats,
                 duration_ms=(time.perf_counter() - started) * 1000,
                 host=await asyncio.to_thread(self._host_facts, origin), files=described,
-                restore_listeners=listeners,
+                restore_listeners=listeners, volumes=origin.volumes,
             )  # fmt: skip
             await asyncio.to_thread(self._publish, manifest, staging, final)
         except BaseException as error:

@@ -38,6 +38,11 @@ from forkpoint.vm import MachineShape
 __all__ = ["Restore"]
 
 
+def volumes_of(checkpoint: CheckpointRecord) -> tuple[tuple[str, str], ...]:
+    """The volume mounts the guest in ``checkpoint`` has (its manifest's)."""
+    return tuple((str(v), str(at)) for v, at in checkpoint.manifest.get("volumes", ()))
+
+
 class Restore:
     def __init__(
         self,
@@ -74,6 +79,7 @@ class Restore:
                     guest_ports=target.guest_ports, network=target.network, egress=egress,
                     loaded=loaded, warm=warm,
                     disk_mib=source.disk_mib if source else None,  # its disk is that size
+                    volumes=volumes_of(record),
                 )  # fmt: skip
 
         results = await asyncio.gather(
@@ -160,8 +166,9 @@ class Restore:
                 token=identity_token(record.id, generation),
                 facts=restore_facts(record.id, generation, target),
                 jail=jail_of(record), egress=policy_of(record),
-                wait_for_guest=has_restore_listeners(target),
+                wait_for_guest=has_restore_listeners(target), volumes=volumes_of(target),
             )  # fmt: skip
+            await asyncio.to_thread(self.sessions.volumes.set_mounts, record.id, spec.volumes)
             try:
                 started = await start_restored(self.context.home, spec, standby=standby)
             except ForkpointError:

@@ -43,6 +43,7 @@ from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import passt_ready, start_passt, stop_passt
 from forkpoint.vm.process import is_running
+from forkpoint.vm.volume_mounts import start_volume_server
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
@@ -172,6 +173,8 @@ class RestoreSpec:
     jail: Jail
     egress: EgressPolicy = EgressPolicy()
     wait_for_guest: bool = False
+    #: ``(volume id, guest path)``: the volume mounts its guest gets or keeps.
+    volumes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,10 +187,11 @@ class Started:
     passt_pid: int | None
     disk_layer: str
     guest: RestoreStatus | None = None
+    volume_server_pid: int | None = None
 
     @property
     def aux_pids(self) -> list[int]:
-        return [self.passt_pid] if self.passt_pid else []
+        return [pid for pid in (self.passt_pid, self.volume_server_pid) if pid]
 
 
 async def start_restored(
@@ -222,6 +226,7 @@ async def start_restored(
     layer = ahead.disk_layer if ahead else new_layer_name()
     filtering: asyncio.Future[None] | None = None
     passt_pid = None
+    volume_server = None
     passt_placed: asyncio.Future[None] | None = None
     try:
         if warm is not None:
@@ -302,6 +307,10 @@ async def start_restored(
             await post_identity(files.agent_socket, identity)
         if starting is not None:  # last: its start-up overlaps the load
             await passt_ready(files, starting)
+        if spec.volumes:
+            volume_server = await asyncio.to_thread(
+                start_volume_server, files, home.volumes, spec.volumes
+            )
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if filtering is not None:  # its rules stay: harmless, replaced by the next install
@@ -311,7 +320,7 @@ async def start_restored(
         await asyncio.to_thread(stop_passt, files, passt_pid)
         (home.layers / layer).unlink(missing_ok=True)
         raise
-    return Started(machine, passt_pid, layer, guest)
+    return Started(machine, passt_pid, layer, guest, volume_server)
 
 
 async def _tell_guest(files: VmFiles, identity: RestoreIdentityArgs) -> RestoreStatus | None:

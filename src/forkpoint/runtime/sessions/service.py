@@ -49,10 +49,15 @@ from forkpoint.runtime.sessions.machines import (
 )
 from forkpoint.runtime.sessions.warm import WarmTarget
 from forkpoint.store import KEEP, CheckpointRecord, Keep, SessionRecord, session_lock_async
+from forkpoint.store.volumes import VolumesStore
 from forkpoint.store.warm import WarmRecord
 from forkpoint.vm import Machine, MachineShape
 
 __all__ = ["Sessions"]
+
+
+#: Where the guest's own filesystems are (and its agent): never a volume mount.
+_SYSTEM_DIRS = frozenset({"proc", "sys", "dev", "run", "opt"})
 
 
 class Sessions:
@@ -60,6 +65,7 @@ class Sessions:
         self.context = context
         self.link = link
         self.collector = collector
+        self.volumes = VolumesStore(context.store)
 
     async def create(
         self,
@@ -78,6 +84,7 @@ class Sessions:
         history: bool = False,
         history_keep: int = 20,
         on_expiry: Expiry | str = Expiry.REMOVE,
+        volumes: Mapping[str, str] | None = None,
     ) -> Session:
         """Create a session by forking the image's template (booted once, then cached).
         ``allow_net``/``deny_net``: CIDRs and host names adjusting the default egress
@@ -85,7 +92,8 @@ class Sessions:
         value}}`` set on the guest's plain-HTTP requests to that host, on the host's side.
         ``timeout_s``: its lifetime, from now, and ``on_expiry`` what happens at its end
         (see :meth:`set_timeout`). ``disk_mib``: its virtual disk's size, at least the
-        image's (see ``disksize``).
+        image's (see ``disksize``). ``volumes``: ``{guest path: volume id or name}`` to
+        mount (outside every checkpoint: forks share them, a rollback does not undo them).
 
         ``history``: checkpoint it before every exec and file write made through forkpoint
         (``history``, ``undo``), keeping the last ``history_keep`` automatic checkpoints.
@@ -100,8 +108,9 @@ class Sessions:
             ports=tuple(ports), network=network, allow_net=tuple(allow_net),
             deny_net=tuple(deny_net), inject_headers=dict(inject_headers or {}),
             timeout_s=timeout_s, disk_mib=disk_mib, history=history,
-            history_keep=history_keep, on_expiry=on_expiry,
+            history_keep=history_keep, on_expiry=on_expiry, volumes=dict(volumes or {}),
         )  # fmt: skip
+        mounts = await asyncio.to_thread(self._resolve_mounts, request.volumes)
         egress = EgressPolicy.of(
             request.allow_net, request.deny_net, request.inject_headers
         ).to_json()
@@ -123,7 +132,7 @@ class Sessions:
             template, img, shape, name=request.name, guest_ports=request.ports,
             network=request.network, egress=egress,
             expires_at=expires_after(request.timeout_s), on_expiry=request.on_expiry,
-            disk_mib=request.disk_mib, warm=warm,
+            disk_mib=request.disk_mib, warm=warm, volumes=mounts,
         )  # fmt: skip
         if warm_size and self.context.refill_in_background:
             self.context.in_background(self.context.warm.fill(target, warm_size))
@@ -134,6 +143,19 @@ class Sessions:
                 HistoryStore(self.context.store).enable, session.id, request.history_keep
             )
         return session
+
+    def _resolve_mounts(self, volumes: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """``{guest path: volume ref}`` as ``(volume id, path)`` pairs.
+        :raises NotFound: no such volume; :raises Unsatisfiable: a path the guest's own
+            filesystems need, or one mount inside another."""
+        paths = sorted(volumes)
+        for at in paths:
+            if at.split("/")[1] in _SYSTEM_DIRS:
+                raise Unsatisfiable(f"a volume cannot be mounted at {at}: the guest needs it")
+        for outer, inner in zip(paths, paths[1:], strict=False):
+            if inner.startswith(outer + "/"):
+                raise Unsatisfiable(f"volume mounts {outer} and {inner} nest")
+        return tuple((self.volumes.get(volumes[at]).id, at) for at in paths)
 
     async def fill_warm(
         self,
@@ -197,12 +219,14 @@ class Sessions:
         disk_mib: int | None = None,
         warm: WarmRecord | None = None,
         scratch: bool = False,
+        volumes: tuple[tuple[str, str], ...] = (),
     ) -> Session:
         """Restore ``checkpoint`` as a new session; the caller has checked its manifest
         for ``shape`` (``RuntimeContext.manifest``). ``warm``: a warm VM taken for this create; it
         becomes the session (its id, uid and QEMU), or is discarded if the session cannot
         be made. ``scratch``: in ``context.scratch_sessions`` before its row can be listed
-        (the page's grid once showed a diff's fork as one more fork)."""
+        (the page's grid once showed a diff's fork as one more fork). ``volumes``: the
+        ``(volume id, guest path)`` mounts its guest gets (a fork's: its checkpoint's)."""
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
         fresh = SessionRecord.new(
@@ -243,7 +267,10 @@ class Sessions:
                     hostname=guest_hostname(name, record.id), token=identity_token(record.id, 0),
                     facts=restore_facts(record.id, 0, checkpoint), jail=jail_of(record),
                     egress=policy_of(record), wait_for_guest=has_restore_listeners(checkpoint),
+                    volumes=volumes,
                 )  # fmt: skip
+                if volumes:
+                    await asyncio.to_thread(self.volumes.set_mounts, record.id, volumes)
                 started = await start_restored(self.context.home, spec, loaded, warm=warm)
                 record = await asyncio.to_thread(
                     self.record_running, record.id, started, checkpoint.disk_layer
