@@ -172,12 +172,27 @@ GuestPath = Annotated[
 ]
 _NO_NUL = r"^[^\x00]*$"
 #: A volume mount's place in the guest: absolute, normalised, no hidden components.
+_MOUNT_PATH = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]{0,62}){1,16}$"
 MountPath = Annotated[
     str,
-    StringConstraints(pattern=r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]{0,62}){1,16}$"),
+    StringConstraints(pattern=_MOUNT_PATH),
     Field(description="An absolute guest path to mount a volume at."),
 ]
 MAX_MOUNTS = 16
+_MOUNTS_DOC = (
+    "Volumes to mount: {guest path: volume id or name}. A volume is outside every "
+    "checkpoint: forks share it, a rollback does not undo it."
+)
+Mounts = Annotated[
+    dict[MountPath, Annotated[str, StringConstraints(pattern=NAME_PATTERN)]],
+    Field(max_length=MAX_MOUNTS, description=_MOUNTS_DOC),
+    # Stated whole (pydantic would say patternProperties, which lets other keys through).
+    WithJsonSchema({
+        "type": "object", "maxProperties": MAX_MOUNTS, "description": _MOUNTS_DOC,
+        "propertyNames": {"pattern": _MOUNT_PATH},
+        "additionalProperties": {"type": "string", "pattern": NAME_PATTERN},
+    }),
+]  # fmt: skip
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[^=\x00]+$", max_length=256)]
 Env = Annotated[
     dict[EnvKey, Annotated[str, StringConstraints(pattern=_NO_NUL, max_length=65536)]],
@@ -333,11 +348,7 @@ class CreateSessionRequest(_Request):
     on_expiry: Expiry = Field(
         default=Expiry.REMOVE, description="What happens when its lifetime ends."
     )
-    volumes: Annotated[dict[MountPath, Ref], Field(max_length=MAX_MOUNTS)] = Field(
-        default_factory=dict,
-        description="Volumes to mount: {guest path: volume id or name}. A volume is outside "
-        "every checkpoint: forks share it, a rollback does not undo it.",
-    )
+    volumes: Mounts = Field(default_factory=dict)
 
 
 class PauseRequest(_Request):

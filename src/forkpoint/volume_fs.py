@@ -88,8 +88,8 @@ def _dir(root: Path, parts: list[str], shown: str) -> Iterator[int]:
 def _parent(root: Path, path: str) -> Iterator[tuple[int, str]]:
     """The parent directory's descriptor and the last name of a path that is not ``/``."""
     parts = parts_of(path)
-    if not parts:
-        raise InvalidInput("the volume's root cannot be the target of this operation")
+    if not parts:  # 409: a well-formed path; what is there decides (as a file that exists)
+        raise Conflict("the volume's root cannot be the target of this operation")
     with _dir(root, parts[:-1], normalize(path)) as fd:
         yield fd, parts[-1]
 

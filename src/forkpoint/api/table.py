@@ -371,8 +371,9 @@ OPERATIONS: tuple[Op, ...] = (
         "``timeout_s``: seconds until it is removed (or paused: ``on_expiry``). "
         "``disk_mib``: its virtual "
         "disk's size. ``history``: checkpoint automatically before every exec and file "
-        "write, so `undo` can take steps back (``history_keep`` of them). Returns the "
-        "session (id, ports with URLs, ...).",
+        "write, so `undo` can take steps back (``history_keep`` of them). ``volumes``: "
+        "{guest path: volume} to mount; a volume is outside every checkpoint (forks share "
+        "it, a rollback does not undo it). Returns the session (id, ports with URLs, ...).",
     ),
     Op("list_images", "GET", "/images", _list_images, "List images", "images",
        response=list[ImageInfo], mcp=True,
@@ -578,7 +579,7 @@ OPERATIONS: tuple[Op, ...] = (
        description="Every volume with the space its files take."),
     Op("get_volume", "GET", _V, _get_volume, "Show a volume", "volumes", response=Volume),
     Op("remove_volume", "DELETE", _V, _remove_volume, "Remove a volume", "volumes",
-       description="The volume and every file in it."),
+       status=204, description="The volume and every file in it (refused while mounted)."),
     Op("volume_entries", "GET", f"{_V}/entries", _volume_entries, "List a volume directory",
        "volumes", VolumeEntriesRequest, list[VolumeEntry], mcp=True,
        description="The entries below a directory of a volume, depth levels deep."),
@@ -597,7 +598,7 @@ OPERATIONS: tuple[Op, ...] = (
     Op("volume_set_metadata", "PATCH", f"{_V}/entries", _volume_set_metadata,
        "Change a volume path's mode or owner", "volumes", VolumeMetadataRequest, VolumeEntry),
     Op("volume_remove", "POST", f"{_V}/remove", _volume_remove, "Remove a volume path",
-       "volumes", VolumePathRequest, mcp=True,
+       "volumes", VolumePathRequest, status=204, mcp=True,
        description="A file, or a directory with everything in it."),
 )  # fmt: skip
 

@@ -113,6 +113,9 @@ def create_command(
     private addresses; --allow-net and --deny-net adjust that, and --inject-header sets
     credentials on its plain-HTTP requests to a host without the guest ever seeing them.
 
+    --volume mounts a volume (forkpoint volume create): its files are outside every
+    checkpoint, so forks share them and a rollback does not undo them.
+
     The first session of an image boots it once to build its template: that can take
     minutes under TCG. Every later create forks the template in milliseconds.
     """

@@ -24,8 +24,9 @@ _PATH = Annotated[str, typer.Argument(help="A path in the volume (relative to it
 
 
 def _print_volume(volume: Volume) -> None:
+    mounted = f"  mounted by {', '.join(volume.mounts)}" if volume.mounts else ""
     console.print(f"[bold]{volume.name}[/] {volume.id}  {format_bytes(volume.size_bytes)}  "
-                  f"created {short_time(volume.created_at)}")  # fmt: skip
+                  f"created {short_time(volume.created_at)}{mounted}", highlight=False)  # fmt: skip
 
 
 def _print_entries(entries: list[VolumeEntry]) -> None:

@@ -252,13 +252,14 @@ class Watcher:
 class Volume:
     """A directory on the host that outlives sessions, for files an agent keeps: ``name``
     is unique, ``token`` the E2B content API's credential for it. ``size_bytes``: what
-    its files take."""
+    its files take; ``mounts``: where sessions have it (``"<session id>:<guest path>"``)."""
 
     id: str
     name: str
     created_at: str
     token: str
     size_bytes: int = 0
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

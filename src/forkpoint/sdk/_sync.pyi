@@ -133,6 +133,7 @@ class Sandbox(SyncTwin):
         history: bool = False,
         history_keep: int = 20,
         on_expiry: str = "remove",
+        volumes: Mapping[str, str] | None = None,
         base_url: str | None = None,
         token: str | None = None,
         runtime: Runtime | None = None,

@@ -3,6 +3,7 @@ their files live under ``Home.volumes``."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import sqlite3
 from collections.abc import Iterable
@@ -45,10 +46,16 @@ class VolumesStore:
         return volume
 
     def all(self) -> list[Volume]:
-        """Every volume, oldest first."""
+        """Every volume, oldest first, with its mounts."""
         with self.store.transaction() as conn:
             rows = conn.execute(f"SELECT {_COLUMNS} FROM volumes ORDER BY created_at, id")
-            return [_volume(row) for row in rows.fetchall()]
+            volumes = [_volume(row) for row in rows.fetchall()]
+            mounts: dict[str, list[str]] = {}
+            for volume_id, session_id, path in conn.execute(
+                "SELECT volume_id, session_id, path FROM volume_mounts ORDER BY session_id, path"
+            ):
+                mounts.setdefault(volume_id, []).append(f"{session_id}:{path}")
+        return [dataclasses.replace(v, mounts=tuple(mounts.get(v.id, ()))) for v in volumes]
 
     def get(self, ref: str) -> Volume:
         """The volume with id or name ``ref``."""
@@ -57,9 +64,13 @@ class VolumesStore:
                 f"SELECT {_COLUMNS} FROM volumes WHERE id = ? OR name = ? ORDER BY id = ? DESC",
                 (ref, ref, ref),
             ).fetchone()
-        if row is None:
-            raise NotFound(f"no volume {ref!r}")
-        return _volume(row)
+            if row is None:
+                raise NotFound(f"no volume {ref!r}")
+            mounts = conn.execute(
+                "SELECT session_id || ':' || path FROM volume_mounts WHERE volume_id = ? "
+                "ORDER BY session_id, path", (row[0],),
+            ).fetchall()  # fmt: skip
+        return dataclasses.replace(_volume(row), mounts=tuple(m[0] for m in mounts))
 
     def remove(self, volume_id: str) -> None:
         """Forget the volume. :raises InUse: a session has it mounted."""

@@ -311,6 +311,8 @@ async def start_restored(
             volume_server = await asyncio.to_thread(
                 start_volume_server, files, home.volumes, spec.volumes
             )
+            # Its CPU is the guest's doing: counted with the VM's, like passt's.
+            await asyncio.to_thread(cgroup.attach, volume_server)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if filtering is not None:  # its rules stay: harmless, replaced by the next install
