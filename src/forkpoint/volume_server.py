@@ -274,10 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vm", required=True, help="the VM's name (marks this process)")
     parser.add_argument("--socket", required=True, help="the VM's volumes chardev socket")
     parser.add_argument("--ready-fd", type=int, help="where the guest's answer goes")
+    parser.add_argument("--go-fd", type=int, help="connect once this has bytes (the VM runs)")
     parser.add_argument("--volumes", required=True, help="the home's volumes directory")
     parser.add_argument("--mount", action="append", default=[], help="VOLUME_ID:/guest/path")
     opts = parser.parse_args(argv)
     mounts = [dict(zip(("vol", "at"), m.split(":", 1), strict=True)) for m in opts.mount]
+    if opts.go_fd is not None:  # spawned while the VM loads: wait until it runs
+        with os.fdopen(opts.go_fd, "rb") as go:
+            if not go.read(1):
+                return 0  # the restore failed: its VM will never run
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(opts.socket)  # before the chroot: the socket is outside it
     root = _confine(Path(opts.volumes))

@@ -43,7 +43,7 @@ from forkpoint.vm.disk import overlay_from_blank
 from forkpoint.vm.jail import Jail
 from forkpoint.vm.net import passt_ready, start_passt, stop_passt
 from forkpoint.vm.process import is_running
-from forkpoint.vm.volume_mounts import start_volume_server
+from forkpoint.vm.volume_mounts import VolumeServer
 
 __all__ = [
     "AGENT_READY_TIMEOUT_S",
@@ -226,7 +226,7 @@ async def start_restored(
     layer = ahead.disk_layer if ahead else new_layer_name()
     filtering: asyncio.Future[None] | None = None
     passt_pid = None
-    volume_server = None
+    volume_server: VolumeServer | None = None
     passt_placed: asyncio.Future[None] | None = None
     try:
         if warm is not None:
@@ -247,6 +247,12 @@ async def start_restored(
         )
         faults.point("restore.layer-made")
         prepared = set(cgroup.not_enforced)
+        if spec.volumes:  # its start-up overlaps the restore; it connects once the VM runs
+            volume_server = await asyncio.to_thread(
+                VolumeServer.spawn, files, home.volumes, spec.volumes
+            )
+            # Its CPU is the guest's doing: counted with the VM's, like passt's.
+            await asyncio.to_thread(cgroup.attach, volume_server.pid)
         # Installed while QEMU starts; the guest runs only once it is (no unfiltered packet
         # ever leaves: until then the VM is paused). A warm VM's uid got the default
         # policy's rules when it started (see .warm): installing them again would put
@@ -307,12 +313,8 @@ async def start_restored(
             await post_identity(files.agent_socket, identity)
         if starting is not None:  # last: its start-up overlaps the load
             await passt_ready(files, starting)
-        if spec.volumes:
-            volume_server = await asyncio.to_thread(
-                start_volume_server, files, home.volumes, spec.volumes
-            )
-            # Its CPU is the guest's doing: counted with the VM's, like passt's.
-            await asyncio.to_thread(cgroup.attach, volume_server)
+        if volume_server is not None:
+            await asyncio.to_thread(volume_server.serve)
     except BaseException:
         # Nothing of a failed restore may linger: not the VM, its network, or its layer.
         if filtering is not None:  # its rules stay: harmless, replaced by the next install
@@ -320,9 +322,11 @@ async def start_restored(
         if machine is not None:
             await machine.kill()
         await asyncio.to_thread(stop_passt, files, passt_pid)
+        if volume_server is not None:
+            await asyncio.to_thread(volume_server.abandon)
         (home.layers / layer).unlink(missing_ok=True)
         raise
-    return Started(machine, passt_pid, layer, guest, volume_server)
+    return Started(machine, passt_pid, layer, guest, volume_server.pid if volume_server else None)
 
 
 async def _tell_guest(files: VmFiles, identity: RestoreIdentityArgs) -> RestoreStatus | None:
