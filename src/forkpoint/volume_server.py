@@ -26,6 +26,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -62,23 +63,37 @@ class Volumes:
             raise OSError(errno.EACCES, "not a volume of this session")
         return self.root / vol
 
-    def _parent(self, vol: str, path: str) -> tuple[int, str]:
+    @contextlib.contextmanager
+    def _at(self, vol: str, path: str) -> Iterator[tuple[int, str]]:
+        """The parent directory's descriptor and the last name of ``path`` (not the root)."""
         parts = parts_of(path)
         if not parts:
             raise OSError(errno.EBUSY, "the volume's root")
-        return open_dir(self._top(vol), parts[:-1]), parts[-1]
+        fd = open_dir(self._top(vol), parts[:-1])
+        try:
+            yield fd, parts[-1]
+        finally:
+            os.close(fd)
 
-    def _stat(self, fd: int, name: str) -> dict[str, int]:
+    @contextlib.contextmanager
+    def _file(self, vol: str, path: str, flags: int) -> Iterator[int]:
+        """``path`` opened with ``flags`` (never through a symlink, never waiting on a FIFO)."""
+        with self._at(vol, path) as (fd, name):
+            file = os.open(name, flags | _NOFOLLOW, dir_fd=fd)
+        try:
+            yield file
+        finally:
+            os.close(file)
+
+    @staticmethod
+    def _stat(fd: int, name: str) -> dict[str, int]:
         return _attr(os.stat(name, dir_fd=fd, follow_symlinks=False))
 
     def getattr(self, vol: str, path: str) -> dict[str, Any]:
         if not parts_of(path):
             return {"attr": _attr(os.stat(self._top(vol)))}
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             return {"attr": self._stat(fd, name)}
-        finally:
-            os.close(fd)
 
     def readdir(self, vol: str, path: str) -> dict[str, Any]:
         fd = open_dir(self._top(vol), parts_of(path))
@@ -92,106 +107,63 @@ class Volumes:
         return {"entries": entries}
 
     def read(self, vol: str, path: str, offset: int, size: int) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
-            file = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
+        with self._file(vol, path, os.O_RDONLY) as file:
             data = os.pread(file, min(size, _MAX_READ), offset)
-        finally:
-            os.close(file)
         return {"data": base64.b64encode(data).decode()}
 
     def write(self, vol: str, path: str, offset: int, data: str) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
-            file = os.open(name, os.O_WRONLY | _NOFOLLOW, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
+        with self._file(vol, path, os.O_WRONLY) as file:
             return {"size": os.pwrite(file, base64.b64decode(data), offset)}
-        finally:
-            os.close(file)
 
     def create(self, vol: str, path: str, mode: int, flags: int) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             extra = flags & (os.O_EXCL | os.O_TRUNC)
             os.close(os.open(name, os.O_WRONLY | os.O_CREAT | extra | _NOFOLLOW, mode, dir_fd=fd))
             return {"attr": self._stat(fd, name)}
-        finally:
-            os.close(fd)
 
     def mkdir(self, vol: str, path: str, mode: int) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             os.mkdir(name, mode, dir_fd=fd)
             return {"attr": self._stat(fd, name)}
-        finally:
-            os.close(fd)
 
     def symlink(self, vol: str, path: str, target: str) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             os.symlink(target, name, dir_fd=fd)  # followed by the guest, inside the guest
             return {"attr": self._stat(fd, name)}
-        finally:
-            os.close(fd)
 
     def readlink(self, vol: str, path: str) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             return {"target": os.readlink(name, dir_fd=fd)}
-        finally:
-            os.close(fd)
 
     def unlink(self, vol: str, path: str) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             os.unlink(name, dir_fd=fd)
-        finally:
-            os.close(fd)
         return {}
 
     def rmdir(self, vol: str, path: str) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
+        with self._at(vol, path) as (fd, name):
             os.rmdir(name, dir_fd=fd)
-        finally:
-            os.close(fd)
         return {}
 
     def rename(self, vol: str, path: str, new: str, flags: int) -> dict[str, Any]:
         if flags & ~1:  # RENAME_NOREPLACE only; an exchange or whiteout is not offered
             raise OSError(errno.EINVAL, "unsupported rename flags")
-        fd, name = self._parent(vol, path)
-        try:
-            new_fd, new_name = self._parent(vol, new)
-            try:
-                if flags & 1:
-                    try:
-                        os.stat(new_name, dir_fd=new_fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        pass
-                    else:
-                        raise OSError(errno.EEXIST, "exists")
-                os.rename(name, new_name, src_dir_fd=fd, dst_dir_fd=new_fd)
-            finally:
-                os.close(new_fd)
-        finally:
-            os.close(fd)
+        with self._at(vol, path) as (fd, name), self._at(vol, new) as (new_fd, new_name):
+            if flags & 1:
+                try:
+                    os.stat(new_name, dir_fd=new_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    pass
+                else:
+                    raise OSError(errno.EEXIST, "exists")
+            os.rename(name, new_name, src_dir_fd=fd, dst_dir_fd=new_fd)
         return {}
 
     def setattr(self, vol: str, path: str, **changes: int) -> dict[str, Any]:
-        fd, name = self._parent(vol, path)
-        try:
-            if "size" in changes:
-                file = os.open(name, os.O_WRONLY | _NOFOLLOW, dir_fd=fd)
-                try:
-                    os.ftruncate(file, changes["size"])
-                finally:
-                    os.close(file)
+        if "size" in changes:
+            with self._file(vol, path, os.O_WRONLY) as file:
+                os.ftruncate(file, changes["size"])
+        with self._at(vol, path) as (fd, name):
             if "mode" in changes:
                 os.chmod(name, changes["mode"] & 0o7777, dir_fd=fd, follow_symlinks=False)
             if "uid" in changes or "gid" in changes:
@@ -203,8 +175,6 @@ class Volumes:
                          changes.get("mtime_ns", now.st_mtime_ns))  # fmt: skip
                 os.utime(name, ns=times, dir_fd=fd, follow_symlinks=False)
             return {"attr": self._stat(fd, name)}
-        finally:
-            os.close(fd)
 
     def statfs(self, vol: str, path: str) -> dict[str, Any]:
         st = os.statvfs(self._top(vol))
