@@ -229,10 +229,10 @@ def _relay(listener: socket.socket) -> None:
         back.join()
 
 
-def _server(sock: Path, volumes: Path, mounts: str) -> subprocess.Popen[str]:
+def _server(sock: Path, volumes: Path, *mounts: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "forkpoint.volume_server", "--vm", "test-vm", "--socket",
-         str(sock), "--volumes", str(volumes), "--mount", mounts],
+         str(sock), "--volumes", str(volumes), *(a for m in mounts for a in ("--mount", m))],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -243,8 +243,10 @@ def test_the_guest_bridge_serves_a_volume_over_fuse_and_survives_a_new_host(
 ) -> None:
     """The guest's side (guest/volumes.py) run on this host's kernel: a real FUSE mount
     served by a real volume server through a relay standing in for QEMU's chardev."""
-    volumes, mnt = tmp_path / "volumes", tmp_path / "mnt"
+    volumes, mnt, mnt2 = tmp_path / "volumes", tmp_path / "mnt", tmp_path / "mnt2"
     (volumes / "v-1").mkdir(parents=True)
+    (volumes / "v-2").mkdir()
+    os.chown(volumes / "v-2", VOLUME_UID, VOLUME_UID)
     (volumes / "v-other").mkdir()
     (volumes / "v-other" / "secret").write_text("not yours")
     os.chown(volumes / "v-1", VOLUME_UID, VOLUME_UID)
@@ -258,10 +260,20 @@ def test_the_guest_bridge_serves_a_volume_over_fuse_and_survives_a_new_host(
     server = None
     try:
         threading.Thread(target=_relay, args=(listener,), daemon=True).start()
-        server = _server(sock, volumes, f"v-1:{mnt}")
+        server = _server(sock, volumes, f"v-1:{mnt}", f"v-2:{mnt2}")
         assert json.loads(server.stdout.readline() if server.stdout else "") == {
-            str(mnt): "mounted"
-        }
+            str(mnt): "mounted", str(mnt2): "mounted",
+        }  # fmt: skip
+        # Two mounts writing at once share the one port: their frames never mix.
+        blobs = {mnt / "x.bin": os.urandom(3 << 20), mnt2 / "y.bin": os.urandom(3 << 20)}
+        writers = [threading.Thread(target=p.write_bytes, args=(b,)) for p, b in blobs.items()]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        assert (volumes / "v-1" / "x.bin").read_bytes() == blobs[mnt / "x.bin"]
+        assert (volumes / "v-2" / "y.bin").read_bytes() == blobs[mnt2 / "y.bin"]
+        (mnt / "x.bin").unlink()
         (mnt / "notes").mkdir()
         (mnt / "notes" / "a.txt").write_text("one")
         with (mnt / "notes" / "a.txt").open("a") as f:
@@ -285,8 +297,10 @@ def test_the_guest_bridge_serves_a_volume_over_fuse_and_survives_a_new_host(
         server.kill()
         server.communicate()
         threading.Thread(target=_relay, args=(listener,), daemon=True).start()
-        server = _server(sock, volumes, f"v-1:{mnt}")
-        assert json.loads(server.stdout.readline() if server.stdout else "") == {str(mnt): "kept"}
+        server = _server(sock, volumes, f"v-1:{mnt}", f"v-2:{mnt2}")
+        assert json.loads(server.stdout.readline() if server.stdout else "") == {
+            str(mnt): "kept", str(mnt2): "kept",
+        }  # fmt: skip
         (volumes / "v-1" / "from-the-host").write_text("written beside")
         time.sleep(1.2)  # the kernel's cached listing expires (1 s)
         assert (mnt / "from-the-host").read_text() == "written beside"
@@ -294,7 +308,8 @@ def test_the_guest_bridge_serves_a_volume_over_fuse_and_survives_a_new_host(
         (mnt / "notes").rmdir()
         assert sorted(os.listdir(volumes / "v-1")) == ["big.bin", "from-the-host", "link"]
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        for mounted in (mnt, mnt2):
+            subprocess.run(["umount", "-l", str(mounted)], check=False)
         for proc in (bridge, server):
             if proc is not None:
                 proc.kill()

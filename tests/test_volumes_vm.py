@@ -5,6 +5,7 @@ checkpoints work with it mounted, the guest cannot reach past it, and E2B's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import uuid
@@ -48,6 +49,13 @@ def test_a_volume_is_shared_by_forks_and_kept_by_rollbacks(volume: str) -> None:
         _guest(session, "echo one > /mnt/data/one.txt; su -s /bin/sh nobody -c "
                         "'echo nobody > /mnt/data/nobody.txt'")  # fmt: skip
         assert cli("volume", "get", volume, "nobody.txt").stdout == b"nobody\n"
+        # Two writers at once share the VM's one volumes port: their requests never mix.
+        sums = _guest(session, "cd /mnt/data && for f in a b; do head -c 3000000 /dev/urandom "
+                               "> $f & done; wait; sha256sum a b")  # fmt: skip
+        for line in sums.splitlines():
+            digest, name = line.split()
+            data = cli("volume", "get", volume, name).stdout
+            assert hashlib.sha256(data).hexdigest() == digest and len(data) == 3_000_000
 
         checkpoint = str(_json("checkpoint", session, "--json")["id"])
         _guest(session, "echo after > /mnt/data/after.txt")
@@ -61,7 +69,7 @@ def test_a_volume_is_shared_by_forks_and_kept_by_rollbacks(volume: str) -> None:
         # A rollback restores the guest, not the volume.
         cli("rollback", session, checkpoint)
         assert sorted(_guest(session, "ls /mnt/data").split()) == [
-            "after.txt", "fork.txt", "in", "nobody.txt", "one.txt",
+            "a", "after.txt", "b", "fork.txt", "in", "nobody.txt", "one.txt",
         ]  # fmt: skip
         _guest(session, "rm /mnt/data/one.txt; mv /mnt/data/after.txt /mnt/data/in/moved.txt")
         files = json.loads(cli("volume", "files", volume, "--json", "--depth", "2").stdout)

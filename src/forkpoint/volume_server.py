@@ -26,12 +26,20 @@ import os
 import socket
 import stat
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from forkpoint.models import VOLUME_UID
-from forkpoint.protocol import SYNC, SYNC_MAGIC, FrameDecoder, encode_frame
+from forkpoint.protocol import (
+    SYNC,
+    SYNC_MAGIC,
+    Decoded,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+)
 from forkpoint.volume_fs import open_dir, parts_of
 
 __all__ = ["main", "serve"]
@@ -194,6 +202,9 @@ class Volumes:
             return {"id": request.get("id"), "err": e.errno or errno.EIO}
         except (TypeError, ValueError, KeyError):  # a malformed request: never a crash
             return {"id": request.get("id"), "err": errno.EINVAL}
+        except Exception:  # a bug must cost one request, not every mount of the VM
+            traceback.print_exc()
+            return {"id": request.get("id"), "err": errno.EIO}
 
 
 _OPS = frozenset({
@@ -215,6 +226,16 @@ def _confine(volumes_dir: Path) -> Path:
     return Path("/")
 
 
+def _next(decoder: FrameDecoder) -> Decoded | None:
+    """The next message; a frame that cannot be read is dropped (and said), not fatal."""
+    while True:
+        try:
+            return decoder.next()
+        except ProtocolError as error:
+            print(f"volume server: dropped a bad frame: {error}", file=sys.stderr)
+            decoder.reset(require_sync=False)
+
+
 def serve(
     sock: socket.socket, volumes: Volumes, mounts: list[dict[str, str]], ready: IO[str]
 ) -> None:
@@ -228,7 +249,7 @@ def serve(
         if not data:
             return
         decoder.feed(data)
-        while (message := decoder.next()) is not None:
+        while (message := _next(decoder)) is not None:
             if message is SYNC or not isinstance(message, dict):
                 continue
             if "mounted" in message:  # the guest's answer to the mounts

@@ -36,6 +36,9 @@ __all__ = ["VolumeBridge", "start_bridge"]
 
 #: A request with no answer this long is sent again (a new host also triggers a resend).
 RESEND_S = 30.0
+#: Sent this many times without an answer, a request fails with EIO rather than hang the
+#: guest's process for ever (a host whose server is gone).
+SENDS = 4
 #: What the kernel may cache of a name or its attributes (s): volumes are shared.
 _VALID_S = 1
 _MAX_WRITE = 128 * 1024
@@ -65,6 +68,8 @@ class HostLink:
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
+        # Frames go out whole: mounts' threads and the mount table's answer share the port.
+        self._send_lock = threading.Lock()
         self._cond = threading.Condition()
         self._replies: dict[int, dict[str, Any]] = {}
         self._next_id = 0
@@ -75,10 +80,10 @@ class HostLink:
             self._next_id += 1
             request_id = self._next_id
         frame = encode_frame({"op": op, "id": request_id, **args})
-        while True:
+        for _ in range(SENDS):
             with self._cond:
                 host = self._host
-            self._transport.send(frame)  # False with no host: the next one gets it
+            self._send(frame)  # False with no host: the next one gets it
             deadline = time.monotonic() + RESEND_S
             with self._cond:
                 while request_id not in self._replies and host == self._host:
@@ -88,9 +93,14 @@ class HostLink:
                     self._cond.wait(left)
                 if request_id in self._replies:
                     return self._replies.pop(request_id)
+        return {"id": request_id, "err": errno.EIO}
 
     def tell(self, message: dict[str, Any]) -> None:
-        self._transport.send(encode_frame(message))
+        self._send(encode_frame(message))
+
+    def _send(self, frame: bytes) -> bool:
+        with self._send_lock:
+            return self._transport.send(frame)
 
     def _connected(self) -> None:
         with self._cond:
