@@ -27,9 +27,17 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
-from ..protocol import SYNC, VOLUMES_PORT, FrameDecoder, encode_frame
+from ..protocol import (
+    SYNC,
+    VOLUMES_PORT,
+    Decoded,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+)
 from .transport import Disconnected, Transport, TransportClosed
 
 __all__ = ["VolumeBridge", "start_bridge"]
@@ -58,7 +66,7 @@ OPEN, READ, WRITE, STATFS, RELEASE, FSYNC, FLUSH, INIT = 14, 15, 16, 17, 18, 20,
 OPENDIR, READDIR, RELEASEDIR, FSYNCDIR, ACCESS, CREATE = 27, 28, 29, 30, 34, 35
 INTERRUPT, DESTROY, BATCH_FORGET, RENAME2 = 36, 38, 42, 45
 _NO_REPLY = frozenset({FORGET, BATCH_FORGET, INTERRUPT})
-_EMPTY_OK = frozenset({RELEASE, FSYNC, FLUSH, FSYNCDIR, ACCESS})
+_EMPTY_OK = frozenset({RELEASE, FSYNC, FLUSH, FSYNCDIR, ACCESS, DESTROY})
 _FUSE_BIG_WRITES = 1 << 5
 _MS_NOSUID, _MS_NODEV = 2, 4
 
@@ -102,15 +110,25 @@ class HostLink:
         with self._send_lock:
             return self._transport.send(frame)
 
-    def _connected(self) -> None:
+    def connected(self) -> None:
+        """A new host connected: what waits for an answer is sent again."""
         with self._cond:
             self._host += 1
             self._cond.notify_all()
 
-    def _answered(self, reply: dict[str, Any]) -> None:
+    def answered(self, reply: dict[str, Any]) -> None:
         with self._cond:
             self._replies[int(reply["id"])] = reply
             self._cond.notify_all()
+
+
+def _next(decoder: FrameDecoder) -> Decoded | None:
+    """The next message; bytes that are no frame wait for the host's next ``SYNC``."""
+    try:
+        return decoder.next()
+    except ProtocolError:
+        decoder.reset(require_sync=True)
+        return None
 
 
 class VolumeBridge:
@@ -120,6 +138,7 @@ class VolumeBridge:
         self.link = HostLink(transport)
         self._transport = transport
         self.mounts: dict[str, FuseMount] = {}
+        self._mounting = threading.Lock()  # two mount tables in a row: one mount each
 
     def serve_forever(self) -> None:
         decoder = FrameDecoder(require_sync=True)
@@ -132,17 +151,22 @@ class VolumeBridge:
             except TransportClosed:
                 return
             decoder.feed(data)
-            while (message := decoder.next()) is not None:
+            while (message := _next(decoder)) is not None:
                 if message is SYNC:
-                    self.link._connected()
+                    self.link.connected()
                 elif isinstance(message, dict) and "mounts" in message:
                     threading.Thread(
                         target=self._mount_all, args=(message["mounts"],), daemon=True
                     ).start()
                 elif isinstance(message, dict) and "id" in message:
-                    self.link._answered(message)
+                    self.link.answered(message)
 
     def _mount_all(self, mounts: list[dict[str, str]]) -> None:
+        with self._mounting:
+            outcome = self._mount_each(mounts)
+        self.link.tell({"mounted": outcome})
+
+    def _mount_each(self, mounts: list[dict[str, str]]) -> dict[str, str]:
         outcome: dict[str, str] = {}
         for mount in mounts:
             at = posixpath.normpath(mount["at"])
@@ -154,7 +178,7 @@ class VolumeBridge:
                 outcome[at] = "mounted"
             except OSError as e:
                 outcome[at] = f"error: {e}"
-        self.link.tell({"mounted": outcome})
+        return outcome
 
 
 def _mount_syscall(fd: int, at: str) -> None:
@@ -215,6 +239,8 @@ class FuseMount:
                 error = 0
             except OSError as e:
                 out, error = b"", e.errno or errno.EIO
+            except Exception:  # a malformed request or answer: that one fails, not the mount
+                out, error = b"", errno.EIO
             try:
                 os.write(self.fd, _OUT_HEADER.pack(_OUT_HEADER.size + len(out), -error, unique)
                          + out)  # fmt: skip
@@ -285,99 +311,110 @@ class FuseMount:
             moved = new + path[len(old) :]
             self.nodes[moved], self.paths[node] = node, moved
 
-    def _handle(self, opcode: int, node: int, body: bytes) -> bytes:  # noqa: C901 (a dispatch)
-        if opcode == INIT:
-            major, minor, readahead, flags = struct.unpack_from("<IIII", body)
-            if major != 7:
-                raise OSError(errno.EPROTO, "FUSE major version")
-            return struct.pack("<IIIIHHIIHHI", 7, min(minor, 31), readahead,
-                               flags & _FUSE_BIG_WRITES, 16, 12, _MAX_WRITE, 1, 0, 0, 0) + (
-                bytes(28)
-            )  # fmt: skip
-        if opcode == LOOKUP:
-            path = self._child(node, body)
-            return self._entry(path, self._host("getattr", path)["attr"])
-        if opcode == GETATTR:
-            attr = self._host("getattr", self._path(node))["attr"]
-            return _ATTR_OUT.pack(_VALID_S, 0, 0) + self._attr(node, attr)
-        if opcode == SETATTR:
-            return self._setattr(node, body)
-        if opcode == READLINK:
-            return os.fsencode(self._host("readlink", self._path(node))["target"])
-        if opcode == SYMLINK:
-            name, target = body.split(b"\0")[:2]
-            path = self._child(node, name)
-            return self._entry(
-                path, self._host("symlink", path, target=os.fsdecode(target))["attr"]
-            )
-        if opcode in (MKNOD, CREATE):
-            flags, mode = (0, struct.unpack_from("<I", body)[0]) if opcode == MKNOD else (
-                struct.unpack_from("<II", body))  # fmt: skip
-            umask = struct.unpack_from("<I", body, 8)[0]
-            if not stat.S_ISREG(mode):
-                raise OSError(errno.EPERM, "only regular files")
-            path = self._child(node, body[16:])
-            flags |= os.O_EXCL if opcode == MKNOD else 0
-            attr = self._host("create", path, mode=mode & ~umask & 0o7777, flags=flags)["attr"]
-            entry = self._entry(path, attr)
-            return entry + _OPEN_OUT.pack(0, 0, 0) if opcode == CREATE else entry
-        if opcode == MKDIR:
-            mode, umask = struct.unpack_from("<II", body)
-            path = self._child(node, body[8:])
-            return self._entry(path, self._host("mkdir", path, mode=mode & ~umask & 0o7777)["attr"])
-        if opcode in (UNLINK, RMDIR):
-            path = self._child(node, body)
-            self._host("unlink" if opcode == UNLINK else "rmdir", path)
-            self.nodes.pop(path, None)
-            return b""
-        if opcode in (RENAME, RENAME2):
-            new_dir, flags = (struct.unpack_from("<Q", body)[0], 0) if opcode == RENAME else (
-                struct.unpack_from("<QI", body))  # fmt: skip
-            names = body[8 if opcode == RENAME else 16 :].split(b"\0")
-            old, new = self._child(node, names[0]), self._child(new_dir, names[1])
-            self._host("rename", old, new=new, flags=flags)
-            self._renamed(old, new)
-            return b""
-        if opcode == OPEN:
-            if struct.unpack_from("<I", body)[0] & os.O_TRUNC:
-                self._host("setattr", self._path(node), size=0)
-            return _OPEN_OUT.pack(0, 0, 0)
-        if opcode == READ:
-            _fh, offset, size = struct.unpack_from("<QQI", body)
-            return base64.b64decode(
-                self._host("read", self._path(node), offset=offset, size=size)["data"]
-            )
-        if opcode == WRITE:
-            _fh, offset, size = struct.unpack_from("<QQI", body)
-            data = base64.b64encode(body[40 : 40 + size]).decode()
-            written = self._host("write", self._path(node), offset=offset, data=data)["size"]
-            return struct.pack("<II", written, 0)
-        if opcode == STATFS:
-            blocks, bfree, bavail, files, ffree, bsize, namelen, frsize = self._host("statfs", "/")[
-                "statfs"
-            ]
-            return struct.pack("<QQQQQIIII", blocks, bfree, bavail, files, ffree, bsize,
-                               namelen, frsize, 0) + bytes(24)  # fmt: skip
+    def _handle(self, opcode: int, node: int, body: bytes) -> bytes:
         if opcode in _EMPTY_OK:
             return b""
-        if opcode == OPENDIR:
-            listing = self._host("readdir", self._path(node))["entries"]
-            fh = self._next_fh
-            self._next_fh += 1
-            self.dirs[fh] = [(".", stat.S_IFDIR), ("..", stat.S_IFDIR)] + [
-                (str(name), int(kind)) for name, kind in listing
-            ]
-            return _OPEN_OUT.pack(fh, 0, 0)
-        if opcode == READDIR:
-            return self._readdir(node, body)
-        if opcode == RELEASEDIR:
-            self.dirs.pop(struct.unpack_from("<Q", body)[0], None)
-            return b""
-        if opcode == DESTROY:
-            return b""
-        raise OSError(errno.ENOSYS, "not offered")
+        operation = _OPERATIONS.get(opcode)
+        if operation is None:
+            raise OSError(errno.ENOSYS, "not offered")
+        return operation(self, opcode, node, body)
 
-    def _setattr(self, node: int, body: bytes) -> bytes:
+    # One method per request (``_OPERATIONS``): the reply's body, or an OSError.
+
+    def _init(self, opcode: int, node: int, body: bytes) -> bytes:
+        major, minor, readahead, flags = struct.unpack_from("<IIII", body)
+        if major != 7:
+            raise OSError(errno.EPROTO, "FUSE major version")
+        return struct.pack("<IIIIHHIIHHI", 7, min(minor, 31), readahead,
+                           flags & _FUSE_BIG_WRITES, 16, 12, _MAX_WRITE, 1, 0, 0, 0) + (
+            bytes(28)
+        )  # fmt: skip
+
+    def _lookup(self, opcode: int, node: int, body: bytes) -> bytes:
+        path = self._child(node, body)
+        return self._entry(path, self._host("getattr", path)["attr"])
+
+    def _getattr(self, opcode: int, node: int, body: bytes) -> bytes:
+        attr = self._host("getattr", self._path(node))["attr"]
+        return _ATTR_OUT.pack(_VALID_S, 0, 0) + self._attr(node, attr)
+
+    def _readlink(self, opcode: int, node: int, body: bytes) -> bytes:
+        return os.fsencode(self._host("readlink", self._path(node))["target"])
+
+    def _symlink(self, opcode: int, node: int, body: bytes) -> bytes:
+        name, target = body.split(b"\0")[:2]
+        path = self._child(node, name)
+        return self._entry(path, self._host("symlink", path, target=os.fsdecode(target))["attr"])
+
+    def _create(self, opcode: int, node: int, body: bytes) -> bytes:
+        """CREATE (open it too) and MKNOD (a regular file only, which must be new)."""
+        flags, mode = (os.O_EXCL, struct.unpack_from("<I", body)[0]) if opcode == MKNOD else (
+            struct.unpack_from("<II", body))  # fmt: skip
+        umask = struct.unpack_from("<I", body, 8)[0]
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EPERM, "only regular files")
+        path = self._child(node, body[16:])
+        attr = self._host("create", path, mode=mode & ~umask & 0o7777, flags=flags)["attr"]
+        entry = self._entry(path, attr)
+        return entry + _OPEN_OUT.pack(0, 0, 0) if opcode == CREATE else entry
+
+    def _mkdir(self, opcode: int, node: int, body: bytes) -> bytes:
+        mode, umask = struct.unpack_from("<II", body)
+        path = self._child(node, body[8:])
+        return self._entry(path, self._host("mkdir", path, mode=mode & ~umask & 0o7777)["attr"])
+
+    def _remove(self, opcode: int, node: int, body: bytes) -> bytes:
+        path = self._child(node, body)
+        self._host("unlink" if opcode == UNLINK else "rmdir", path)
+        self.nodes.pop(path, None)
+        return b""
+
+    def _rename(self, opcode: int, node: int, body: bytes) -> bytes:
+        new_dir, flags = (struct.unpack_from("<Q", body)[0], 0) if opcode == RENAME else (
+            struct.unpack_from("<QI", body))  # fmt: skip
+        names = body[8 if opcode == RENAME else 16 :].split(b"\0")
+        old, new = self._child(node, names[0]), self._child(new_dir, names[1])
+        self._host("rename", old, new=new, flags=flags)
+        self._renamed(old, new)
+        return b""
+
+    def _open(self, opcode: int, node: int, body: bytes) -> bytes:
+        if struct.unpack_from("<I", body)[0] & os.O_TRUNC:
+            self._host("setattr", self._path(node), size=0)
+        return _OPEN_OUT.pack(0, 0, 0)
+
+    def _read(self, opcode: int, node: int, body: bytes) -> bytes:
+        _fh, offset, size = struct.unpack_from("<QQI", body)
+        data = self._host("read", self._path(node), offset=offset, size=size)["data"]
+        return base64.b64decode(data)
+
+    def _write(self, opcode: int, node: int, body: bytes) -> bytes:
+        _fh, offset, size = struct.unpack_from("<QQI", body)
+        data = base64.b64encode(body[40 : 40 + size]).decode()
+        written = self._host("write", self._path(node), offset=offset, data=data)["size"]
+        return struct.pack("<II", written, 0)
+
+    def _statfs(self, opcode: int, node: int, body: bytes) -> bytes:
+        blocks, bfree, bavail, files, ffree, bsize, namelen, frsize = self._host("statfs", "/")[
+            "statfs"
+        ]
+        return struct.pack("<QQQQQIIII", blocks, bfree, bavail, files, ffree, bsize,
+                           namelen, frsize, 0) + bytes(24)  # fmt: skip
+
+    def _opendir(self, opcode: int, node: int, body: bytes) -> bytes:
+        listing = self._host("readdir", self._path(node))["entries"]
+        fh = self._next_fh
+        self._next_fh += 1
+        self.dirs[fh] = [(".", stat.S_IFDIR), ("..", stat.S_IFDIR)] + [
+            (str(name), int(kind)) for name, kind in listing
+        ]
+        return _OPEN_OUT.pack(fh, 0, 0)
+
+    def _releasedir(self, opcode: int, node: int, body: bytes) -> bytes:
+        self.dirs.pop(struct.unpack_from("<Q", body)[0], None)
+        return b""
+
+    def _setattr(self, opcode: int, node: int, body: bytes) -> bytes:
         (valid, _, _fh, size, _lock, atime, mtime, _ctime, atimensec, mtimensec, _ctimensec,
          mode, _, uid, gid, _) = _SETATTR_IN.unpack_from(body)  # fmt: skip
         changes: dict[str, int] = {}
@@ -396,7 +433,7 @@ class FuseMount:
         attr = self._host("setattr", self._path(node), **changes)["attr"]
         return _ATTR_OUT.pack(_VALID_S, 0, 0) + self._attr(node, attr)
 
-    def _readdir(self, node: int, body: bytes) -> bytes:
+    def _readdir(self, opcode: int, node: int, body: bytes) -> bytes:
         fh, offset, size = struct.unpack_from("<QQI", body)
         entries = self.dirs.get(fh, [])
         base = self._path(node)
@@ -415,6 +452,18 @@ class FuseMount:
                 break
             out += record
         return bytes(out)
+
+
+_Operation = Callable[[FuseMount, int, int, bytes], bytes]
+_OPERATIONS: dict[int, _Operation] = {
+    INIT: FuseMount._init, LOOKUP: FuseMount._lookup, GETATTR: FuseMount._getattr,
+    SETATTR: FuseMount._setattr, READLINK: FuseMount._readlink, SYMLINK: FuseMount._symlink,
+    MKNOD: FuseMount._create, CREATE: FuseMount._create, MKDIR: FuseMount._mkdir,
+    UNLINK: FuseMount._remove, RMDIR: FuseMount._remove, RENAME: FuseMount._rename,
+    RENAME2: FuseMount._rename, OPEN: FuseMount._open, READ: FuseMount._read,
+    WRITE: FuseMount._write, STATFS: FuseMount._statfs, OPENDIR: FuseMount._opendir,
+    READDIR: FuseMount._readdir, RELEASEDIR: FuseMount._releasedir,
+}  # fmt: skip
 
 
 def start_bridge() -> VolumeBridge | None:
