@@ -39,7 +39,6 @@ class Gateway:
             "E2B_API_KEY": self.api_key,
             "E2B_API_URL": self.url,
             "E2B_SANDBOX_URL": self.url,
-            "E2B_VOLUME_API_URL": self.url,
             "E2B_DOMAIN": f"localhost:{self.proxy_port}",
             "SSL_CERT_FILE": str(tls / "bundle.pem"),
             "REQUESTS_CA_BUNDLE": str(tls / "bundle.pem"),

@@ -193,6 +193,11 @@ def test_e2b_volumes_with_the_real_sdk(gateway: Gateway) -> None:
         stranger = E2BVolume(volume_id=volume.volume_id, name=name, token="not-the-token")
         with pytest.raises(AuthenticationException):
             stranger.read_file("anything")
+        # A sandbox asking for a volume that does not exist is told so (no VM is started).
+        from e2b import Sandbox, SandboxException
+
+        with pytest.raises(SandboxException, match="404: no volume 'nope'"):
+            Sandbox.create(volume_mounts={"/mnt/nope": "nope"})
         # What the E2B SDK wrote is forkpoint's volume.
         volume.write_file("shared.txt", b"one volume")
         runtime = Runtime.open()

@@ -37,7 +37,6 @@ def e2b_env(
         "E2B_API_KEY": token,
         "E2B_API_URL": api,
         "E2B_SANDBOX_URL": api,
-        "E2B_VOLUME_API_URL": api,
         "E2B_DOMAIN": f"localhost:{proxy_port or port + 1}",
     }
     if ca is not None:

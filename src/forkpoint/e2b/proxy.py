@@ -1,4 +1,6 @@
-"""Sandbox ports on Q: ``<port>-<sandbox id>.localhost:Q`` → that port in the guest.
+"""Sandbox ports on Q: ``<port>-<sandbox id>.localhost:Q`` → that port in the guest;
+``api.localhost:Q`` → the API (E2B's SDKs derive the volume content API's address,
+``https://api.<domain>``, from ``E2B_DOMAIN``).
 
 A raw byte splice after the request head is read, so WebSockets, streamed responses and
 long bodies pass through. The guest side is a TCP tunnel through the agent
@@ -110,6 +112,8 @@ class SandboxProxy:
         name, _, port = host.rpartition(":")
         if name in ("127.0.0.1", "localhost", "[::1]") and port == str(self.api_port):
             return (name.strip("[]"), self.api_port), new_head, token
+        if (name or host).lower() == "api.localhost":  # E2B's layout: api.<domain> is the API
+            return ("127.0.0.1", self.api_port), new_head, token
         raise _BadRequest(400, f"not a sandbox host: {host!r} (expected <port>-<id>.localhost)")
 
     @contextlib.asynccontextmanager

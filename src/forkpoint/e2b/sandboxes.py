@@ -224,6 +224,8 @@ class Sandboxes:
             egress = Egress()
         if checkpoint is not None and spec.volumes:
             raise InvalidInput("volume mounts need a template: a snapshot keeps its own")
+        for volume in spec.volumes.values():  # said as a volume, not as a missing template
+            await asyncio.to_thread(self.runtime.volume_record, volume)
         if checkpoint is not None:
             ticket, _ = await admission.fork(checkpoint.id, 1)
             with ticket:

@@ -1,7 +1,8 @@
 """E2B's volumes on forkpoint's: the control plane's ``/volumes`` (``X-API-KEY``) and the
 volume content API ``/volumecontent/{volumeID}/file|dir|path`` (``Authorization: Bearer
-<the volume's token>``), both served by the gateway (``E2B_VOLUME_API_URL`` = its URL).
-A volume's id is forkpoint's (``v-…``); its files are forkpoint's volume's."""
+<the volume's token>``), both served by the gateway. The SDK reaches the content API at
+``https://api.<domain>``: the sandbox-port listener passes ``api.localhost`` on to the
+API. A volume's id is forkpoint's (``v-…``); its files are forkpoint's volume's."""
 
 from __future__ import annotations
 
