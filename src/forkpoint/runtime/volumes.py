@@ -32,6 +32,7 @@ __all__ = ["Volumes"]
 
 
 def _size(root: Path) -> int:
+    """What the files under ``root`` take on disk (bytes)."""
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
