@@ -101,6 +101,22 @@ _CHAINS: list[_Chain] = [
         ("POST", "/v1/sessions", {}),
         [(0, "StartBackground", {}, {}), (1, "KillProcess", {}, {})],
     ),
+    # a volume, a file and a directory in it, every operation on them, the volume removed
+    # (no guest needed: the fuzzer's stateful turns are left to the session operations)
+    (
+        ("POST", "/v1/volumes", {"name": "fuzz-chain"}),
+        [
+            (0, "WriteVolumeFile", {}, {}),
+            (0, "VolumeMakeDir", {}, {}),
+            (0, "GetVolume", {}, {}),
+            (1, "ReadVolumeFile", {}, {}),
+            (1, "VolumeStat", {}, {}),
+            (1, "VolumeSetMetadata", {"mode": 0o600}, {}),
+            (2, "VolumeEntries", {}, {}),
+            (1, "VolumeRemove", {}, {}),
+            (0, "RemoveVolume", {}, {}),
+        ],
+    ),
 ]
 # A terminal's output streams as long as its program runs (a login shell: until it exits),
 # the events' as long as the client listens: a fuzzer's request would only time out.
