@@ -83,6 +83,14 @@ def test_encode_refuses_oversized_and_nan() -> None:
         encode_frame({"x": object()})
 
 
+def test_next_valid_skips_malformed_frames_and_keeps_the_rest() -> None:
+    dec = FrameDecoder(max_frame=64 * 1024)
+    oversized = struct.pack(">I", 100_000) + b" " * 100_000
+    dec.feed(raw_frame(b"not json") + struct.pack(">I", 0) + oversized + encode_frame(MESSAGES[0]))
+    assert dec.next_valid() == MESSAGES[0]
+    assert dec.next_valid() is None
+
+
 def test_decoder_errors_are_clear_and_recoverable() -> None:
     good = encode_frame(MESSAGES[0])
     oversized = struct.pack(">I", 100_000) + b"{" + b" " * 99_998 + b"}"

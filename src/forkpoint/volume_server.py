@@ -35,9 +35,7 @@ from forkpoint.models import VOLUME_UID
 from forkpoint.protocol import (
     SYNC,
     SYNC_MAGIC,
-    Decoded,
     FrameDecoder,
-    ProtocolError,
     encode_frame,
 )
 from forkpoint.volume_fs import open_dir, parts_of
@@ -226,16 +224,6 @@ def _confine(volumes_dir: Path) -> Path:
     return Path("/")
 
 
-def _next(decoder: FrameDecoder) -> Decoded | None:
-    """The next message; a frame that cannot be read is dropped (and said), not fatal."""
-    while True:
-        try:
-            return decoder.next()
-        except ProtocolError as error:
-            print(f"volume server: dropped a bad frame: {error}", file=sys.stderr)
-            decoder.reset(require_sync=False)
-
-
 def serve(
     sock: socket.socket, volumes: Volumes, mounts: list[dict[str, str]], ready: IO[str]
 ) -> None:
@@ -249,7 +237,7 @@ def serve(
         if not data:
             return
         decoder.feed(data)
-        while (message := _next(decoder)) is not None:
+        while (message := decoder.next_valid()) is not None:
             if message is SYNC or not isinstance(message, dict):
                 continue
             if "mounted" in message:  # the guest's answer to the mounts

@@ -33,9 +33,7 @@ from typing import Any
 from ..protocol import (
     SYNC,
     VOLUMES_PORT,
-    Decoded,
     FrameDecoder,
-    ProtocolError,
     encode_frame,
 )
 from .transport import Disconnected, Transport, TransportClosed
@@ -122,15 +120,6 @@ class HostLink:
             self._cond.notify_all()
 
 
-def _next(decoder: FrameDecoder) -> Decoded | None:
-    """The next message; bytes that are no frame wait for the host's next ``SYNC``."""
-    try:
-        return decoder.next()
-    except ProtocolError:
-        decoder.reset(require_sync=True)
-        return None
-
-
 class VolumeBridge:
     """Reads the host's messages: mount tables and answers."""
 
@@ -151,7 +140,7 @@ class VolumeBridge:
             except TransportClosed:
                 return
             decoder.feed(data)
-            while (message := _next(decoder)) is not None:
+            while (message := decoder.next_valid()) is not None:
                 if message is SYNC:
                     self.link.connected()
                 elif isinstance(message, dict) and "mounts" in message:

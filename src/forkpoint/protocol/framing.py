@@ -124,6 +124,15 @@ class FrameDecoder:
                 return p
         return 0
 
+    def next_valid(self) -> Decoded | None:
+        """:meth:`next`, a malformed frame skipped (it is consumed): for a reader that
+        has no way to report one to its peer."""
+        while True:
+            try:
+                return self.next()
+            except ProtocolError:
+                continue
+
     def next(self) -> Decoded | None:
         """Return the next message (a dict) or ``SYNC``, or None if more bytes are needed.
 

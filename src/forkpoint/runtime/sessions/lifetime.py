@@ -18,7 +18,6 @@ from forkpoint.runtime.housekeeping.upkeep import due_to_pause, expires_after, r
 from forkpoint.runtime.restore.service import Restore
 from forkpoint.runtime.sessions.service import Sessions
 from forkpoint.store import KEEP, SessionRecord, global_lock_async, session_lock_async
-from forkpoint.store.volumes import VolumesStore
 
 __all__ = ["Lifetimes"]
 
@@ -151,7 +150,7 @@ class Lifetimes:
         origin = CheckpointOrigin(
             session_id=record.id, name=None, kind=CheckpointKind.PAUSE, image=image,
             shape=shape, parent=record.parent_checkpoint, guest_ports=(),
-            volumes=await asyncio.to_thread(VolumesStore(self.context.store).mounts_of, record.id),
+            volumes=await asyncio.to_thread(self.checkpoints.volumes.mounts_of, record.id),
         )  # fmt: skip
         async with session_lock_async(self.context.home, record.id):
             current = await asyncio.to_thread(self.context.store.get_session, record.id)
