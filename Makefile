@@ -9,13 +9,13 @@ FP := $(VENV)/bin/forkpoint
 # (all interfaces) is stopped and disabled where systemd runs it.
 APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium passt \
 	e2fsprogs xz-utils zstd curl iproute2 python3-venv fonts-dejavu-core \
-	libnss-myhostname nftables podman skopeo umoci docker-registry
+	libnss-myhostname nftables podman skopeo umoci docker-registry xfsprogs
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv vendor bytecode image test security e2b-suite other-release other-release-smoke demo ui-shots lint bench faults load clean
+.PHONY: setup apt storage venv vendor bytecode image test security e2b-suite other-release other-release-smoke demo ui-shots lint bench faults load clean
 
-setup: apt venv vendor bytecode image
+setup: apt storage venv vendor bytecode image
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -29,6 +29,11 @@ apt:
 	    $$SUDO systemctl disable --now docker-registry >/dev/null 2>&1 || true; \
 	  fi; \
 	fi
+
+# forkpoint's data directory on a file system with reflinks (XFS on a loop device where
+# it is not): checkpoints then cost what changed (tools/reflink-home.sh says how).
+storage: apt
+	tools/reflink-home.sh
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,7 +53,7 @@ bytecode: venv
 	$(PY) -m compileall -q src >/dev/null
 
 # default: forkpoint's own sessions (small); base: E2B's (python, pip, node, npm, curl, git).
-image: apt venv
+image: apt venv storage
 	$(FP) image build
 	$(FP) image build base
 	$(FP) image build code-interpreter-v1

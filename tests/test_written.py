@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from forkpoint.vm import sparse_copy
-from forkpoint.vm.written import PAGE_SIZE, copy_written_pages, mapping_start, written_ranges
+from forkpoint.vm.written import PAGE_SIZE, copy_written_pages, ram_mapping, written_ranges
 
 PAGES = 64
 
@@ -35,22 +35,38 @@ def test_written_pages_are_found_and_copied(tmp_path: Path) -> None:
         assert ram[0] == 1 and ram[30 * PAGE_SIZE] == 0  # read-only touches stay the file's
         for page in (3, 4, 20, 63):
             ram[page * PAGE_SIZE : (page + 1) * PAGE_SIZE] = bytes([0xA0 + page]) * PAGE_SIZE
-        start = mapping_start(os.getpid(), base, size)
-        assert written_ranges(os.getpid(), start, size) == [
+        mapping = ram_mapping(os.getpid(), size)
+        assert mapping.named and mapping.path == base
+        assert written_ranges(os.getpid(), mapping.start, size) == [
             (3 * PAGE_SIZE, 2 * PAGE_SIZE),
             (20 * PAGE_SIZE, PAGE_SIZE),
             (63 * PAGE_SIZE, PAGE_SIZE),
         ]
         dest = tmp_path / "dest"
         sparse_copy(base, dest)
-        assert copy_written_pages(os.getpid(), base, size, dest) == 4 * PAGE_SIZE
+        assert copy_written_pages(os.getpid(), mapping, dest) == 4 * PAGE_SIZE
         assert dest.read_bytes() == bytes(ram)
         assert base.read_bytes()[20 * PAGE_SIZE] == 21  # the base file is never written
     finally:
         ram.close()
 
 
-def test_a_file_the_process_does_not_map_is_refused(tmp_path: Path) -> None:
+def test_a_deleted_mapped_file_is_reached_through_map_files(tmp_path: Path) -> None:
+    """A VM's RAM file may be deleted while mapped (its checkpoint removed): the mapping
+    is still found, and the file still read, through /proc/PID/map_files."""
     base = _base(tmp_path)
-    with pytest.raises(LookupError, match="does not map"):
-        mapping_start(os.getpid(), base, PAGES * PAGE_SIZE)
+    size = PAGES * PAGE_SIZE
+    with base.open("rb") as f:
+        ram = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE)
+    try:
+        base.unlink()
+        mapping = ram_mapping(os.getpid(), size)
+        assert not mapping.named and "map_files" in str(mapping.path)
+        assert mapping.path.read_bytes()[20 * PAGE_SIZE] == 21
+    finally:
+        ram.close()
+
+
+def test_no_mapping_of_that_size_is_refused() -> None:
+    with pytest.raises(LookupError, match="maps no file"):
+        ram_mapping(os.getpid(), 12345 * PAGE_SIZE)

@@ -67,6 +67,9 @@ class Home:
         return self.root / "tls"
 
     def ensure(self) -> Home:
+        from forkpoint.storage import mount_image_if_needed  # after a reboot (see there)
+
+        mount_image_if_needed(self.root)
         for path in (self.images, self.sessions, self.checkpoints, self.layers, self.cache):
             path.mkdir(parents=True, exist_ok=True)
         return self

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 from forkpoint import faults
@@ -32,10 +32,12 @@ from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
 from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
+from forkpoint.vm.rebase import copy_and_rebase
+from forkpoint.vm.rebase import supported as rebase_supported
 from forkpoint.vm.runstate import LOADING, RESUMABLE, RunState, StateError, require
 from forkpoint.vm.shape import BootFiles, MachineShape
 from forkpoint.vm.stats import CheckpointStats
-from forkpoint.vm.written import copy_written_pages
+from forkpoint.vm.written import ram_mapping
 
 __all__ = ["Machine"]
 
@@ -313,19 +315,26 @@ class Machine:
 
     @require(RunState.RUNNING)
     async def checkpoint(
-        self, new_overlay: Path, state_dest: Path, ram_base: Path, ram_dest: Path
+        self, new_overlay: Path, state_dest: Path, ram_dest: Path, ram_size: int
     ) -> CheckpointStats:
         """Freeze the running VM into files, then let it run on.
 
-        ``ram_base`` is the file this VM's RAM maps (it never changes): it is copied to
-        ``ram_dest`` while the VM runs. Then, with the VM paused: the current disk layer
-        is frozen and the VM continues on ``new_overlay``; the device state (no RAM) is
-        written to ``state_dest``; the pages the guest wrote are copied over ``ram_dest``.
+        The file this VM's RAM maps (its *base*, found in QEMU's mappings: after a
+        checkpoint it is that checkpoint's) is copied to ``ram_dest`` while the VM runs
+        (a reflink where the file system can). Then, with the VM paused: the current disk
+        layer is frozen and the VM continues on ``new_overlay``; the device state (no RAM)
+        is written to ``state_dest``; with QEMU's main loop frozen, the pages the guest
+        wrote are copied over ``ram_dest`` and the VM's RAM is remapped onto ``ram_dest``
+        (see :mod:`.rebase`), so the next checkpoint copies only what changes from here.
         The VM resumes even on failure.
         :raises QemuError: QEMU's own error text plus the log tail.
         """
         started = time.perf_counter()
-        await asyncio.to_thread(sparse_copy, ram_base, ram_dest)
+        try:
+            base = await asyncio.to_thread(ram_mapping, self.pid, ram_size)
+        except (LookupError, OSError) as error:
+            raise _no_ram_access(self.files.name, error) from error
+        await asyncio.to_thread(sparse_copy, base.path, ram_dest)
         faults.point("checkpoint.ram-base-copied")
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
         old_name = await self._disk_name()
@@ -357,11 +366,10 @@ class Machine:
             faults.point("checkpoint.state-saved")
             t_ram = time.perf_counter()
             ranges: list[tuple[int, int]] = []
-            written = await asyncio.to_thread(
-                lambda: copy_written_pages(
-                    self.pid, ram_base, ram_base.stat().st_size, ram_dest, ranges
+            async with self._ram_for_qemu(ram_dest) as qemu_fd:
+                written, rebased = await asyncio.to_thread(
+                    copy_and_rebase, self.pid, base, ram_dest, qemu_fd, ranges
                 )
-            )
             written_ms = (time.perf_counter() - t_ram) * 1000
             faults.point("checkpoint.pages-copied")
         except OSError as error:
@@ -369,15 +377,7 @@ class Machine:
                 raise InternalError(
                     f"{self.files.name}: checkpoint failed, the disk is full ({error})"
                 ) from error
-            raise QemuError(
-                f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
-                "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
-            ) from error
-        except LookupError as error:
-            raise QemuError(
-                f"{self.files.name}: cannot read guest RAM ({error}); forkpoint needs ptrace "
-                "access to QEMU: run as root or with kernel.yama.ptrace_scope=0"
-            ) from error
+            raise _no_ram_access(self.files.name, error) from error
         except QemuError as error:
             raise QemuError(error.message, log_tail=await self.log_tail()) from error
         finally:
@@ -393,8 +393,28 @@ class Machine:
             written_bytes=written,
             ram_bytes=ram_bytes,
             state_bytes=state_bytes,
+            rebased=rebased,
             written_ranges=tuple(ranges),
+            ram_base=base.path,
         )
+
+    @contextlib.asynccontextmanager
+    async def _ram_for_qemu(self, ram: Path) -> AsyncIterator[int | None]:
+        """``ram`` opened inside QEMU (its descriptor number there) for the remap, closed
+        there afterwards; None where the remap cannot be done."""
+        if not rebase_supported():
+            yield None
+            return
+        fd = await asyncio.to_thread(os.open, ram, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._qmp.send_fd(fd)
+            added = await self._qmp.run("add-fd", opaque=f"ram {ram}")
+        finally:
+            os.close(fd)
+        try:
+            yield int(added["fd"])
+        finally:
+            await self._qmp.run("remove-fd", **{"fdset-id": int(added["fdset-id"])})
 
     async def _save_device_state(self, dest: Path) -> None:
         # Despite its name this is QEMU's generic "every device but RAM" save. live=false:
@@ -482,6 +502,13 @@ def _fresh_files(files: VmFiles) -> None:
     files.ensure()
     for path in (files.qmp_socket, files.agent_socket, files.net_socket, files.pidfile):
         path.unlink(missing_ok=True)
+
+
+def _no_ram_access(name: str, error: Exception) -> QemuError:
+    return QemuError(
+        f"{name}: cannot read guest RAM ({error}); forkpoint needs ptrace access to QEMU: "
+        "run as root or with kernel.yama.ptrace_scope=0"
+    )
 
 
 def _seal(ram: Path, state: Path) -> tuple[int, int]:

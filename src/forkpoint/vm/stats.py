@@ -4,6 +4,7 @@ asyncio) so that reading a checkpoint's manifest loads neither."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = ["CheckpointStats"]
 
@@ -27,3 +28,9 @@ class CheckpointStats:
     #: ``(offset, length)`` of the runs of pages written (not in manifests): what the RAM
     #: file's integrity sum must be updated for.
     written_ranges: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
+    #: The VM's RAM was remapped onto the new checkpoint's file (see ``vm.rebase``): its
+    #: next checkpoint copies only what the guest writes from now on.
+    rebased: bool = False
+    #: The file the RAM mapped before (not in manifests): the new file's sum is
+    #: that file's, updated for the pages written.
+    ram_base: Path | None = field(default=None, compare=False, repr=False)

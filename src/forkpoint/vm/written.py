@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PAGE_SIZE", "copy_written_pages", "written_ranges"]
+__all__ = ["PAGE_SIZE", "RamMapping", "copy_written_pages", "ram_mapping", "written_ranges"]
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CHUNK = 8 << 20  # bytes per read/write of guest memory
@@ -33,21 +34,41 @@ _WRITTEN = bytes(
 )
 
 
-def mapping_start(pid: int, ram: Path, size: int) -> int:
-    """The address where QEMU ``pid`` maps ``ram`` (``size`` bytes from offset 0).
+@dataclass(frozen=True)
+class RamMapping:
+    """Where a VM's RAM is mapped, and a path that opens the file mapped there."""
 
-    :raises LookupError: the process does not map that file.
+    start: int
+    size: int
+    path: Path  # the file's own path, or /proc/PID/map_files/… if it was deleted
+    named: bool  # ``path`` is the file's own (a checkpoint's RAM: its manifest is beside it)
+
+
+def ram_mapping(pid: int, size: int) -> RamMapping:
+    """The private file mapping of ``size`` bytes from offset 0 in process ``pid``: its
+    RAM. Found from QEMU itself, not from what the store says it was restored from: after
+    a checkpoint it maps that checkpoint's file (see :mod:`.rebase`), which may since have
+    been deleted (it lives on while mapped).
+
+    :raises LookupError: no such mapping.
     """
-    inode = os.stat(ram).st_ino
     with open(f"/proc/{pid}/maps") as maps:
         for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) < 6 or int(fields[4]) != inode or int(fields[2], 16) != 0:
+            fields = line.rstrip("\n").split(maxsplit=5)
+            if len(fields) < 6 or int(fields[4]) == 0 or int(fields[2], 16) != 0:
                 continue
-            start, end = (int(a, 16) for a in fields[0].split("-"))
-            if end - start == size and fields[1].endswith("p"):
-                return start
-    raise LookupError(f"process {pid} does not map {ram} privately")
+            span, perms, path = fields[0], fields[1], fields[5]
+            start, end = (int(a, 16) for a in span.split("-"))
+            if end - start != size or not perms.endswith("p"):
+                continue
+            own = Path(path)
+            try:
+                named = not path.endswith(" (deleted)") and own.stat().st_ino == int(fields[4])
+            except OSError:
+                named = False
+            where = own if named else Path(f"/proc/{pid}/map_files/{span}")
+            return RamMapping(start, size, where, named)
+    raise LookupError(f"process {pid} maps no file of {size} bytes privately")
 
 
 def written_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
@@ -66,17 +87,16 @@ def written_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
 
 
 def copy_written_pages(
-    pid: int, base: Path, size: int, dest: Path, ranges_out: list[tuple[int, int]] | None = None
+    pid: int, ram: RamMapping, dest: Path, ranges_out: list[tuple[int, int]] | None = None
 ) -> int:
-    """Write every page ``pid`` has written into its mapping of ``base`` over ``dest``.
+    """Write every page ``pid`` has written into its ``ram`` mapping over ``dest``.
 
-    ``dest`` must already hold a copy of ``base``; the VM must be paused. Returns the
-    bytes written (and appends the runs written to ``ranges_out``). Copies on several
+    ``dest`` must already hold a copy of the mapped file; the VM must be paused. Returns
+    the bytes written (and appends the runs written to ``ranges_out``). Copies on several
     threads (the VM is paused: the CPUs are free).
-    :raises LookupError: ``pid`` does not map ``base``.
     """
-    start = mapping_start(pid, base, size)
-    ranges = written_ranges(pid, start, size)
+    start = ram.start
+    ranges = written_ranges(pid, start, ram.size)
     if ranges_out is not None:
         ranges_out.extend(ranges)
     chunks = [

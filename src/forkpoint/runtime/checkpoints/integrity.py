@@ -153,11 +153,11 @@ def _blocks(written: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
     return out
 
 
-def updated_page_sum(base: Path, dest: Path, written: tuple[tuple[int, int], ...]) -> int:
+def updated_page_sum(base: Path | None, dest: Path, written: tuple[tuple[int, int], ...]) -> int:
     """The page sum of ``dest``: a copy of ``base`` with the ``written`` runs of pages
     replaced (a checkpoint's RAM file). Reads only those pages, from both files."""
-    known = recorded_page_sum(base)
-    if known is None:
+    known = None if base is None else recorded_page_sum(base)
+    if base is None or known is None:
         return page_sum(dest)  # a boot's empty RAM file, or an old checkpoint: in full
     fds = os.open(base, os.O_RDONLY), os.open(dest, os.O_RDONLY)
     try:
@@ -169,9 +169,10 @@ def updated_page_sum(base: Path, dest: Path, written: tuple[tuple[int, int], ...
 
 
 def describe_files(
-    files: CheckpointFiles, ram_base: Path, written: tuple[tuple[int, int], ...]
+    files: CheckpointFiles, ram_base: Path | None, written: tuple[tuple[int, int], ...]
 ) -> dict[str, dict[str, Any]]:
-    """The ``files`` map of a freshly written checkpoint (its files are read-only now)."""
+    """The ``files`` map of a freshly written checkpoint (its files are read-only now),
+    whose RAM file is a copy of ``ram_base`` with the ``written`` runs replaced."""
     state, ram = files.state.stat(), files.ram.stat()
     return {
         "state": {"size": state.st_size, "sha256": _digest(files.state)},

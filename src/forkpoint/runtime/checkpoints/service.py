@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forkpoint.errors import Conflict, InternalError, NotFound
+from forkpoint.errors import Conflict, NotFound
 from forkpoint.models import Checkpoint, CheckpointKind, FileCheck
 from forkpoint.runtime.capacity import checkpoint_bytes, require_space
 from forkpoint.runtime.checkpoints.writer import CheckpointOrigin
@@ -87,9 +87,7 @@ class Checkpoints:
                 guest_ports=tuple(p.guest_port for p in record.ports),
                 volumes=await asyncio.to_thread(self.volumes.mounts_of, record.id),
             )  # fmt: skip
-            return await self.context.checkpointer.write(
-                machine, self._ram_base(record), layer, origin
-            )
+            return await self.context.checkpointer.write(machine, layer, origin)
         finally:
             await machine.close()
 
@@ -106,13 +104,6 @@ class Checkpoints:
         with self.context.store.transaction():
             self.context.store.insert_layer(active, backing=record.disk_layer)
             self.context.store.update_session(record.id, disk_layer=active)
-
-    def _ram_base(self, record: SessionRecord) -> Path:
-        """The RAM file the session's VM maps: that of the checkpoint it was restored from
-        (which therefore cannot be deleted while the session lives)."""
-        if record.parent_checkpoint is None:
-            raise InternalError(f"session {record.id} has no checkpoint to map its RAM from")
-        return self.context.checkpoint_files(record.parent_checkpoint).ram
 
     def _checkpoint_named(self, name: str) -> bool:
         try:

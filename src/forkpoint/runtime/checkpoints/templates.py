@@ -114,7 +114,7 @@ class Templates:
             ) as agent:
                 await agent.hello()
                 await _start_image_command(agent, image)
-            return await self.checkpointer.write(machine, files.boot_ram, base, origin)
+            return await self.checkpointer.write(machine, base, origin)
         except ForkpointError as error:
             error.log_tail = files.log_tail() or error.log_tail  # read before it is deleted
             raise

@@ -55,10 +55,10 @@ class Checkpointer:
         return CheckpointFiles.of(self.home, checkpoint_id)
 
     async def write(
-        self, machine: Machine, ram_base: Path, layer: str, origin: CheckpointOrigin
+        self, machine: Machine, layer: str, origin: CheckpointOrigin
     ) -> CheckpointRecord:
-        """Checkpoint the running ``machine`` (which maps ``ram_base`` and writes to the
-        disk ``layer``): the layer is frozen and the VM continues on a new one, recorded
+        """Checkpoint the running ``machine`` (which writes to the disk ``layer``): the
+        layer is frozen and the VM continues on a new one, recorded
         as the session's (a user checkpoint) whatever else happens.
 
         :raises QemuError: QEMU failed; nothing is recorded and the VM runs on.
@@ -73,14 +73,17 @@ class Checkpointer:
             try:
                 listeners = await machine.restore_listeners()  # a QMP query, ≈ 1 ms
                 stats = await machine.checkpoint(
-                    self.home.layers / new_top, staging.state, ram_base, staging.ram
+                    self.home.layers / new_top,
+                    staging.state,
+                    staging.ram,
+                    origin.shape.memory_mib << 20,
                 )
             finally:
                 # Whatever happened, record the layer the VM now writes to.
                 await asyncio.to_thread(self._record_new_top, origin, layer, new_top)
             # Sizes and hashes, checked before every restore (see integrity).
             described = await asyncio.to_thread(
-                describe_files, staging, ram_base, stats.written_ranges
+                describe_files, staging, stats.ram_base, stats.written_ranges
             )
             faults.point("checkpoint.files-hashed")
             manifest = Manifest(
