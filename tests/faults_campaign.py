@@ -148,6 +148,13 @@ class Campaign:
         if op == "checkpoint-rm":
             extra = fpj("checkpoint", self.session)["id"]
             return ["checkpoint", "rm", extra], nothing
+        if op == "chain-rm":
+            # A checkpoint in the middle of the session's chain: the next one is a clone of
+            # its RAM file plus what changed (and the VM then maps that one). Removing it
+            # must leave the later one restorable, with its marker (check_restores).
+            middle = fpj("checkpoint", self.session)["id"]
+            self.checkpoint_with_marker()
+            return ["checkpoint", "rm", middle], nothing
         raise ValueError(op)
 
     def adopt_unreported_checkpoints(self) -> None:
@@ -612,7 +619,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--others-only", action="store_true", help="skip the crash points: the other faults"
     )
     args = parser.parse_args(argv)
-    ops = ["create", "checkpoint", "fork", "rollback", "rm", "checkpoint-rm"]
+    ops = ["create", "checkpoint", "fork", "rollback", "rm", "checkpoint-rm", "chain-rm"]
     before = os.environ.get(GRACE_ENV)
     os.environ[GRACE_ENV] = "0"  # the campaign's own in-process GC (see BASE_ENV)
     campaign = Campaign(args.seed)

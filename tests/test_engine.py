@@ -397,8 +397,7 @@ def test_failed_migration_reports_qemus_error_and_resumes(rt: Runtime, tmp_path:
                 with pytest.raises(QemuError) as info:
                     await machine.checkpoint(
                         rt.home.layers / new_layer_name(), Path("/dev/full"),
-                        rt.checkpoint_files(str(record.parent_checkpoint)).ram,
-                        tmp_path / "unused-ram",
+                        tmp_path / "unused-ram", record.memory_mib << 20,
                     )  # fmt: skip
                 # forkpoint's sentence, then QEMU's own reason — whose wording is QEMU's and
                 # changes between releases (7.2: "Unable to open …", 10.0: "Failed to dup()

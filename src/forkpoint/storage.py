@@ -14,7 +14,7 @@ from pathlib import Path
 
 from forkpoint.errors import InternalError
 
-__all__ = ["image_of", "mount_image_if_needed"]
+__all__ = ["filesystems_of", "image_of", "mount_image_if_needed"]
 
 
 def image_of(root: Path) -> Path:
@@ -45,3 +45,16 @@ def mount_image_if_needed(root: Path) -> None:
             f"{root} lives on {image}, which is not mounted and cannot be "
             f"({detail.strip()}); mount it as root: make storage"
         ) from error
+
+
+def filesystems_of(root: Path) -> list[Path]:
+    """Where writing under ``root`` takes space: its own file system and, if that is one
+    of these images, the host file system the image lives on (a sparse image of the host's
+    size grows into it: the host fills first)."""
+    mount = root
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    if mount == mount.parent:
+        return [root]
+    image = image_of(mount)
+    return [root, image.parent] if image.is_file() else [root]

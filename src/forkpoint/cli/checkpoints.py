@@ -317,7 +317,8 @@ def checkpoints_command(
     session: Annotated[str | None, typer.Argument(help="Only this session's checkpoints.")] = None,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """List checkpoints (of all sessions, or of one)."""
+    """List checkpoints (of all sessions, or of one). OWN: the disk only it uses; SHARED:
+    what it shares with other checkpoints (RAM that did not change between them)."""
 
     async def op(runtime: Runtime) -> list[Checkpoint]:
         return await asyncio.to_thread(runtime.list_checkpoints, session)
@@ -330,8 +331,8 @@ def checkpoints_command(
         console.print("no checkpoints: make one with [bold]forkpoint checkpoint SESSION[/]")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "SESSION", "CREATED", "SIZE", "DISK", "TOOK", "PARENT"):
-        right = column in ("SIZE", "DISK")
+    for column in ("ID", "NAME", "SESSION", "CREATED", "SIZE", "OWN", "SHARED", "TOOK", "PARENT"):
+        right = column in ("SIZE", "OWN", "SHARED")
         table.add_column(column, no_wrap=True, justify="right" if right else "left")
     for c in checkpoints:
         table.add_row(
@@ -340,7 +341,8 @@ def checkpoints_command(
             c.session_id,
             short_time(c.created_at),
             format_bytes(c.size_bytes),
-            format_bytes(c.disk_bytes),
+            format_bytes(c.disk_bytes - c.shared_bytes),
+            format_bytes(c.shared_bytes),
             format_ms(c.duration_ms),
             c.parent_checkpoint or "",
         )

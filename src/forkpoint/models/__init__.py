@@ -450,7 +450,9 @@ class Checkpoint:
     """An immutable checkpoint: memory, device state and disk of a session at one moment.
     ``pause_ms``: how long the VM was paused; ``guest_ports``: what its forks forward.
     ``size_bytes``: its RAM and device state; ``disk_bytes``: host disk it uses now (those
-    files plus the disk layer it froze)."""
+    files plus the disk layer it froze); ``shared_bytes``: the part of that which other
+    checkpoints hold too (where RAM files are reflinks: what did not change between
+    them), so ``disk_bytes - shared_bytes`` is its own."""
 
     id: str
     session_id: str
@@ -464,6 +466,7 @@ class Checkpoint:
     pause_ms: float
     guest_ports: tuple[int, ...] = ()
     disk_bytes: int = 0
+    shared_bytes: int = 0
 
 
 def to_json_data(value: Any) -> Any:

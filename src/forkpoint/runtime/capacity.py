@@ -17,6 +17,7 @@ from pathlib import Path
 from forkpoint.config import Home, HostLimits
 from forkpoint.errors import InvalidInput, LimitExceeded
 from forkpoint.models import HostStatus, SessionState
+from forkpoint.storage import filesystems_of
 from forkpoint.store import Store
 from forkpoint.store.standby import StandbyStore
 from forkpoint.store.warm import WarmStore
@@ -75,15 +76,16 @@ def require_space(home: Home, need_bytes: int, what: str) -> None:
 
     :raises LimitExceeded: one line naming the free space, the need and the reserve.
     """
-    fs = os.statvfs(home.root)
-    free = fs.f_bavail * fs.f_frsize
-    reserve = host_limits().reserve_bytes(fs.f_blocks * fs.f_frsize)
-    if free - need_bytes < reserve:
-        raise LimitExceeded(
-            f"not enough disk space for {what}: {_size(free)} free on {home.root}'s "
-            f"filesystem, it needs up to {_size(need_bytes)} and {_size(reserve)} must stay "
-            "free (FORKPOINT_DISK_RESERVE)"
-        )
+    for where in filesystems_of(home.root):
+        fs = os.statvfs(where)
+        free = fs.f_bavail * fs.f_frsize
+        reserve = host_limits().reserve_bytes(fs.f_blocks * fs.f_frsize)
+        if free - need_bytes < reserve:
+            raise LimitExceeded(
+                f"not enough disk space for {what}: {_size(free)} free on {where}'s "
+                f"filesystem, it needs up to {_size(need_bytes)} and {_size(reserve)} must "
+                "stay free (FORKPOINT_DISK_RESERVE)"
+            )
 
 
 def _size(n: int) -> str:

@@ -50,7 +50,9 @@ def limits_of(qemu_pid: int | None) -> Limits | None:
     )
 
 
-def checkpoint_of(record: CheckpointRecord, disk_bytes: int = 0) -> Checkpoint:
+def checkpoint_of(
+    record: CheckpointRecord, disk_bytes: int = 0, shared_bytes: int = 0
+) -> Checkpoint:
     from forkpoint.runtime.checkpoints.manifest import (
         Manifest,  # here: `forkpoint ls` never reads a manifest
     )
@@ -69,4 +71,5 @@ def checkpoint_of(record: CheckpointRecord, disk_bytes: int = 0) -> Checkpoint:
         pause_ms=round(manifest.stats.pause_ms, 1),
         guest_ports=manifest.ports,
         disk_bytes=disk_bytes,
+        shared_bytes=shared_bytes,
     )

@@ -21,7 +21,11 @@ from forkpoint.models import (
     SessionState,
 )
 from forkpoint.runtime.models import checkpoint_of, session_of
-from forkpoint.runtime.usage import checkpoint_disk_bytes, session_disk_bytes
+from forkpoint.runtime.usage import (
+    checkpoint_disk_bytes,
+    checkpoint_shared_bytes,
+    session_disk_bytes,
+)
 from forkpoint.store import CheckpointRecord, SessionRecord, Store, session_lock
 from forkpoint.vm.files import VmFiles
 from forkpoint.vm.process import is_running
@@ -157,4 +161,8 @@ class Queries:
         return session_of(record, usage)
 
     def checkpoint_of(self, record: CheckpointRecord) -> Checkpoint:
-        return checkpoint_of(record, checkpoint_disk_bytes(self.home, record))
+        return checkpoint_of(
+            record,
+            checkpoint_disk_bytes(self.home, record),
+            checkpoint_shared_bytes(self.home, record),
+        )

@@ -8,14 +8,29 @@ apparent size.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import struct
 from pathlib import Path
 
 from forkpoint.config import Home
 from forkpoint.store import CheckpointRecord, SessionRecord
 
-__all__ = ["allocated_bytes", "checkpoint_disk_bytes", "session_disk_bytes"]
+__all__ = [
+    "allocated_bytes",
+    "checkpoint_disk_bytes",
+    "checkpoint_shared_bytes",
+    "session_disk_bytes",
+    "shared_bytes",
+]
+
+_FS_IOC_FIEMAP = 0xC020660B  # ioctl: a file's extents, flagged
+_FIEMAP_HEAD = struct.Struct("=QQIIII")  # start, length, flags, mapped, count, reserved
+_FIEMAP_EXTENT = struct.Struct("=QQQ16xI12x")  # logical, physical, length, flags
+_EXTENTS = 512  # per call
+_ALL = (1 << 64) - 1
+_EXTENT_LAST, _EXTENT_SHARED = 0x1, 0x2000
 
 
 def allocated_bytes(path: Path) -> int:
@@ -52,6 +67,11 @@ def session_disk_bytes(home: Home, session_dir: Path, record: SessionRecord) -> 
     return allocated_bytes(home.layers / record.disk_layer) + allocated_bytes(session_dir)
 
 
+def checkpoint_shared_bytes(home: Home, record: CheckpointRecord) -> int:
+    """Of its RAM file, the bytes other files hold too (reflinks; see ``shared_bytes``)."""
+    return shared_bytes(home.checkpoints / record.id / "ram")
+
+
 def checkpoint_disk_bytes(home: Home, record: CheckpointRecord) -> int:
     """The checkpoint's files (RAM, device state, manifest) and the layer it froze, with
     that layer's cached blank overlay (named as ``vm.disk.blank_overlay_of`` does; not
@@ -62,3 +82,37 @@ def checkpoint_disk_bytes(home: Home, record: CheckpointRecord) -> int:
         + allocated_bytes(layer)
         + allocated_bytes(layer.with_name(layer.name + ".blank"))
     )
+
+
+def shared_bytes(path: Path) -> int:
+    """Bytes of ``path`` whose blocks other files hold too (reflinks: a checkpoint's RAM
+    file shares what did not change with the checkpoint before and after it). 0 where the
+    file system cannot tell (FIEMAP) or has no reflinks."""
+    shared = 0
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        start = 0
+        while True:
+            request = _FIEMAP_HEAD.pack(start, _ALL, 0, 0, _EXTENTS, 0)
+            buffer = bytearray(request + bytes(_FIEMAP_EXTENT.size * _EXTENTS))
+            try:
+                fcntl.ioctl(fd, _FS_IOC_FIEMAP, buffer)
+            except OSError:
+                return 0
+            mapped = _FIEMAP_HEAD.unpack_from(buffer)[3]
+            last = False
+            for i in range(mapped):
+                logical, _, length, flags = _FIEMAP_EXTENT.unpack_from(
+                    buffer, _FIEMAP_HEAD.size + i * _FIEMAP_EXTENT.size
+                )
+                if flags & _EXTENT_SHARED:
+                    shared += length
+                start = logical + length
+                last = bool(flags & _EXTENT_LAST)
+            if mapped == 0 or last:
+                return shared
+    finally:
+        os.close(fd)
