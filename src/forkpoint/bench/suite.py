@@ -35,6 +35,7 @@ from .baselines import Baselines
 from .e2b import measure_e2b
 from .fanout import density
 from .history import measure_history
+from .incremental import measure_incremental
 from .portable import measure_portable
 from .report import build_result
 from .stats import Summary, summarize
@@ -242,6 +243,7 @@ class Suite:
             else None
         )
         portable = await measure_portable(self.runtime, self._scratch / "portable", self.log)
+        incremental = await measure_incremental(self.runtime, plan.reps, self.log)
 
         baselines = await self._baselines(shape, boot, image, checkpoint.id)
         await self._remove_sessions([server])
@@ -265,6 +267,7 @@ class Suite:
             e2b=e2b,
             history=history,
             portable=portable,
+            incremental=incremental,
         )
         return result
 

@@ -86,7 +86,8 @@ class StateDiff:
 class HistoryStep:
     """One automatic (or named) checkpoint of a session with history. ``step`` counts
     from 1; ``label`` is the command or the path written; ``size_bytes`` is what the
-    checkpoint itself costs on disk (its RAM pages and disk layer); ``forks``: sessions
+    checkpoint itself costs on disk (its RAM and device state, less what its RAM file
+    shares with other checkpoints: the pages that did not change); ``forks``: sessions
     started from it."""
 
     step: int

@@ -20,6 +20,8 @@ from forkpoint.runtime.checkpoints.service import Checkpoints
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.restore.service import Restore
+from forkpoint.runtime.usage import checkpoint_shared_bytes
+from forkpoint.store import CheckpointRecord
 from forkpoint.store.history import HistoryStore, StepRecord
 
 __all__ = ["DEFAULT_KEEP", "History", "label_of"]
@@ -88,6 +90,10 @@ class History:
             raise Conflict(f"session {record.id} keeps no history (create it with --history)")
         steps = self._steps.steps(record.id)
         sessions = store.list_sessions()
+
+        def shared(checkpoint: CheckpointRecord) -> int:  # with the steps before and after
+            return checkpoint_shared_bytes(self.context.home, checkpoint)
+
         out: list[HistoryStep] = []
         for checkpoint in store.list_checkpoints(session_id=record.id):
             step = steps.get(checkpoint.id)
@@ -102,7 +108,8 @@ class History:
                 HistoryStep(
                     step=len(out) + 1, checkpoint=checkpoint.id,
                     label=step.label if step else f"checkpoint {checkpoint.name}",
-                    created_at=checkpoint.created_at, size_bytes=checkpoint.size_bytes,
+                    created_at=checkpoint.created_at,
+                    size_bytes=checkpoint.size_bytes - shared(checkpoint),
                     automatic=step.automatic if step else False, forks=forks,
                 )
             )  # fmt: skip
