@@ -3,12 +3,13 @@ restore (cheaply) and by ``forkpoint checkpoint verify`` (fully).
 
 A checkpoint's manifest carries ``files``: for ``state``, its size and SHA-256; for
 ``ram``, its size, its change time and a *page sum*: the sum modulo 2^128 of XXH3-128
-(each non-zero 64 KiB block, seeded with its index). xxHash rather than SHA-256: six times
-faster here, and what it guards against is damage, not a forger who can write the home
-anyway. A sum, because a checkpoint's RAM file is its base file (the one its VM maps,
-itself a checkpoint's) plus the pages written since: its sum is the base's, minus the
-blocks written over, plus their new contents — hashing only what was written, not the
-100+ MiB a guest holds (SHA-256 over a whole RAM file took 250–330 ms here, more than the
+(each non-zero 4 KiB page, seeded with its index; 64 KiB blocks in checkpoints of older
+forkpoints, still verified). xxHash rather than SHA-256: six times faster here, and what
+it guards against is damage, not a forger who can write the home anyway. A sum, because a
+checkpoint's RAM file is its base file (the one its VM maps: the session's previous
+checkpoint's, see ``vm.rebase``) plus the pages written since: its sum is the base's,
+minus the pages written over, plus their new contents — hashing only what changed, not
+the 100+ MiB a guest holds (SHA-256 over a whole RAM file took 250–330 ms here, more than the
 checkpoint itself). Zero blocks (holes) add nothing. Before every restore (create, fork,
 rollback):
 
@@ -61,19 +62,21 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-# The sum's unit: 64 KiB blocks, not 4 KiB pages. A checkpoint re-hashes every block
-# holding a written page (in both files), so scattered writes cost up to 16× their size,
-# but XXH3 does that at several GB/s, while a Python step per 4 KiB page cost more than
-# the hashing for a guest that wrote hundreds of MiB.
-_PAGE = 64 << 10
-SUM_KEY = "xxh3_64k_sum"
+# The sum's unit: 4 KiB pages. It was 64 KiB blocks while a checkpoint re-hashed every
+# page written since the restore (hundreds of MiB: a Python step per 4 KiB page cost more
+# than the hashing); now a checkpoint hashes what changed since the previous one, mostly
+# scattered pages, and a 64 KiB block per written page read 16 times too much (the blocks'
+# unwritten parts from disk). Sums of the older kind are still verified.
+_PAGE = 4 << 10
+SUM_KEY = "xxh3_4k_sum"
 """The RAM file's sum in the manifest, named by its algorithm and block size: a base whose
 sum is of another kind (or none) makes the next checkpoint sum its RAM file in full."""
+_BLOCK_OF_KEY = {SUM_KEY: _PAGE, "xxh3_64k_sum": 64 << 10}
 _MOD = 1 << 128
-_ZERO_PAGE = bytes(_PAGE)
+_READ = 1 << 20  # bytes read at once; hashed a block at a time
 
 
-def _page_terms(fd: int, ranges: list[tuple[int, int]]) -> int:
+def _page_terms(fd: int, ranges: list[tuple[int, int]], block: int = _PAGE) -> int:
     """The page sum's terms of the blocks in ``ranges`` (block-aligned) of file ``fd``.
     Read with ``pread``, not through a mapping: a mapping's read of a hole in a tmpfs file
     allocates a page, and on a full tmpfs that is a SIGBUS (the fault campaign's full disk
@@ -83,13 +86,16 @@ def _page_terms(fd: int, ranges: list[tuple[int, int]]) -> int:
         return 0
     total = 0
     digest = xxhash.xxh3_128_intdigest
-    buffer = memoryview(bytearray(_PAGE))  # reused: no allocation per block
+    zero = bytes(block)
+    buffer = memoryview(bytearray(max(_READ, block)))  # reused: no allocation per read
     for start, length in ranges:
-        for at in range(start, min(start + length, size), _PAGE):
-            block = buffer[: _read_block(fd, buffer, at)]
-            zero = _ZERO_PAGE if len(block) == _PAGE else bytes(len(block))
-            if block != zero:
-                total += digest(block, seed=at // _PAGE)
+        end = min(start + length, size)
+        for at in range(start, end, len(buffer)):
+            got = _read_block(fd, buffer[: min(len(buffer), end - at)], at)
+            for i in range(0, got, block):
+                data = buffer[i : min(i + block, got)]
+                if data != (zero if len(data) == block else bytes(len(data))):
+                    total += digest(data, seed=(at + i) // block)
     return total % _MOD
 
 
@@ -104,7 +110,7 @@ def _read_block(fd: int, buffer: memoryview, offset: int) -> int:
     return done
 
 
-def _data_ranges(fd: int) -> list[tuple[int, int]]:
+def _data_ranges(fd: int, block: int = _PAGE) -> list[tuple[int, int]]:
     """The blocks holding the file's data (holes read as zeros: they add nothing)."""
     size = os.fstat(fd).st_size
     out: list[tuple[int, int]] = []
@@ -117,14 +123,15 @@ def _data_ranges(fd: int) -> list[tuple[int, int]]:
         end = os.lseek(fd, data, os.SEEK_HOLE)
         out.append((data, end - data))
         offset = end
-    return _blocks(tuple(out))  # widened to blocks and merged: each block counted once
+    return _blocks(tuple(out), block)  # widened to blocks and merged: each counted once
 
 
-def page_sum(path: Path) -> int:
-    """The page sum of a whole RAM file (reads its data only)."""
+def page_sum(path: Path, key: str = SUM_KEY) -> int:
+    """The page sum of a whole RAM file (reads its data only), of the kind ``key``."""
+    block = _BLOCK_OF_KEY[key]
     fd = os.open(path, os.O_RDONLY)
     try:
-        return _page_terms(fd, _data_ranges(fd))
+        return _page_terms(fd, _data_ranges(fd, block), block)
     finally:
         os.close(fd)
 
@@ -139,12 +146,12 @@ def recorded_page_sum(ram: Path) -> int | None:
         return None
 
 
-def _blocks(written: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+def _blocks(written: tuple[tuple[int, int], ...], block: int = _PAGE) -> list[tuple[int, int]]:
     """Byte ranges widened to whole blocks, merged (a block two ranges touch counts once:
     found by the campaign's verify of a whole checkpoint)."""
     out: list[tuple[int, int]] = []
     for start, length in sorted(written):
-        lo, hi = start - start % _PAGE, -(-(start + length) // _PAGE) * _PAGE
+        lo, hi = start - start % block, -(-(start + length) // block) * block
         if out and lo <= out[-1][0] + out[-1][1]:
             prev = out[-1][0]
             out[-1] = (prev, max(out[-1][0] + out[-1][1], hi) - prev)
@@ -223,10 +230,11 @@ def _check_one(files: CheckpointFiles, key: str, want: dict[str, Any], *, full: 
     unchanged = key == "ram" and st.st_ctime_ns in (want.get("ctime_ns"), _remembered(files))
     if not full and unchanged:
         return result(None, False)
-    if key == "ram" and SUM_KEY not in want:
+    sum_key = next((k for k in _BLOCK_OF_KEY if k in want), None)
+    if key == "ram" and sum_key is None:
         return result(None, False)  # a sum of another kind: the size is all we can check
-    if key == "ram":
-        same = f"{page_sum(path):032x}" == want[SUM_KEY]
+    if key == "ram" and sum_key is not None:
+        same = f"{page_sum(path, sum_key):032x}" == want[sum_key]
     else:
         same = _digest(path) == want.get("sha256")
     if not same:

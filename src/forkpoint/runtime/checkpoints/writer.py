@@ -131,6 +131,10 @@ class Checkpointer:
     def _publish(
         self, manifest: Manifest, staging: CheckpointFiles, final: CheckpointFiles
     ) -> None:
+        # On disk before it can be listed (a power cut must not leave a listed checkpoint
+        # with pages lost): what is dirty is what this checkpoint wrote, the change.
+        _fsync(staging.ram)
+        _fsync(staging.state)
         manifest.save(staging)
         _fsync_dir(staging.dir)
         faults.point("checkpoint.manifest-written")
@@ -168,6 +172,14 @@ class Checkpointer:
         WarmPool(self.home, self.store).drain(record.id)  # they map its RAM file
         shutil.rmtree(self.files(record.id).dir, ignore_errors=True)
         faults.point("checkpoint-rm.files-deleted")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:
