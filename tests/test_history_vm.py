@@ -143,13 +143,13 @@ def test_retention_keeps_the_last_k_and_what_forks_use() -> None:
         forks: list[str] = []
         try:
             await rt.exec(session.id, "echo 1 > /root/one")
-            first = rt.history(session.id)[0]
+            first = (await rt.history(session.id))[0]
             fork = (await rt.fork(first.checkpoint))[0]
             assert not isinstance(fork, Exception)
             forks.append(fork.id)
             for n in range(2, 5):
                 await rt.exec(session.id, f"echo {n} > /root/n")
-            steps = rt.history(session.id)
+            steps = await rt.history(session.id)
             # The last two automatic checkpoints, plus the first: a fork runs from it.
             assert [s.label for s in steps] == [
                 "echo 1 > /root/one", "echo 3 > /root/n", "echo 4 > /root/n"
@@ -160,7 +160,7 @@ def test_retention_keeps_the_last_k_and_what_forks_use() -> None:
             assert all(rt.checkpoint_files(c).dir.is_dir() for c in kept)
             # A named checkpoint is listed too, and is not a step to undo.
             named = await rt.checkpoint(session.id, name=f"named-{session.id}")
-            assert rt.history(session.id)[-1].label == f"checkpoint {named.name}"
+            assert (await rt.history(session.id))[-1].label == f"checkpoint {named.name}"
             await rt.undo(session.id)
             assert (await rt.exec(session.id, "cat /root/n")).stdout == "3\n"
         finally:

@@ -107,9 +107,16 @@ def test_the_mapping_moves_onto_the_copy_and_no_private_page_is_left(
     fd_in_child = int(child.ask(f"open {dest}"))
     ranges: list[tuple[int, int]] = []
 
-    written, rebased = copy_and_rebase(pid, mapping, dest, fd_in_child, ranges)
+    written, used = copy_and_rebase(pid, mapping, dest, fd_in_child, ranges)
 
-    assert rebased and written == 3 * PAGE_SIZE
+    assert used is not None and written == 3 * PAGE_SIZE
+    # What it had read of the old file (all of it: the dump), not what it had written:
+    # the kernel reads that ahead for it from the new file.
+    assert used == [
+        (0, 2 * PAGE_SIZE),
+        (4 * PAGE_SIZE, 5 * PAGE_SIZE),
+        (10 * PAGE_SIZE, 22 * PAGE_SIZE),
+    ]
     assert ranges == [(2 * PAGE_SIZE, 2 * PAGE_SIZE), (9 * PAGE_SIZE, PAGE_SIZE)]
     assert dest.read_bytes() == before  # the checkpoint holds what the process saw
     assert ram_mapping(pid, SIZE).path == dest  # it maps the checkpoint now ...
@@ -138,8 +145,7 @@ def test_without_a_descriptor_the_pages_are_copied_and_the_mapping_stays(
     mapping = ram_mapping(pid, SIZE)
     dest = tmp_path / "ckpt"
     sparse_copy(base, dest)
-    written, rebased = copy_and_rebase(pid, mapping, dest, None, [])
-    assert (written, rebased) == (3 * PAGE_SIZE, False)
+    assert copy_and_rebase(pid, mapping, dest, None, []) == (3 * PAGE_SIZE, None)
     assert dest.read_bytes() == child.memory()
     assert ram_mapping(pid, SIZE).path == base
 
@@ -152,8 +158,8 @@ def test_a_failed_remap_leaves_the_process_as_it_was(
     mapping = ram_mapping(pid, SIZE)
     dest = tmp_path / "ckpt"
     sparse_copy(base, dest)
-    written, rebased = copy_and_rebase(pid, mapping, dest, 987, [])  # no such fd there
-    assert written == 3 * PAGE_SIZE and not rebased
+    written, used = copy_and_rebase(pid, mapping, dest, 987, [])  # no such fd there
+    assert written == 3 * PAGE_SIZE and used is None
     assert ram_mapping(pid, SIZE).path == base
     assert child.memory() == before
     assert child.ask("write 1") == "ok"

@@ -197,7 +197,7 @@ async def _diff(rt: Runtime, ids: Ids, request: DiffRequest) -> StateDiff:
 
 
 async def _history(rt: Runtime, ids: Ids, request: None) -> list[HistoryStep]:
-    return await asyncio.to_thread(rt.history, ids["session_id"])
+    return await rt.history(ids["session_id"])
 
 
 async def _undo(rt: Runtime, ids: Ids, request: UndoRequest) -> Session:

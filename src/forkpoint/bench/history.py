@@ -86,7 +86,7 @@ async def _steps(runtime: Runtime, reps: int, log: Callable[[str], None]) -> dic
                 started = time.perf_counter()
                 await runtime.exec(session.id, "true")
                 samples[key].append((time.perf_counter() - started) * 1000)
-        steps = await asyncio.to_thread(runtime.history, stepped.id)
+        steps = await runtime.history(stepped.id)
         plain_ms: Summary = summarize(samples["plain"])
         with_history: Summary = summarize(samples["history"])
         step_bytes = [s.size_bytes for s in steps]

@@ -166,7 +166,7 @@ async def _history(runtime: Runtime, reps: int, log: Callable[[str], None]) -> d
                 started = time.perf_counter()
                 await runtime.exec(session.id, _SMALL_STEP.format(rep=rep))
                 samples[key].append((time.perf_counter() - started) * 1000)
-        steps = await asyncio.to_thread(runtime.history, stepped.id)
+        steps = await runtime.history(stepped.id)
         step_mib = sorted(s.size_bytes / (1 << 20) for s in steps[1:])[len(steps[1:]) // 2]
         # A step that writes 200 MiB (a pip install's worth), then 20 small ones.
         await runtime.exec(stepped.id, f"head -c {HELD_MIB}M /dev/urandom > /dev/shm/big")

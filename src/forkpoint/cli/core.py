@@ -48,6 +48,7 @@ def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
             await runtime.expire()  # every CLI call ends lifetimes that are over first
             return await operation(runtime)
         finally:
+            await runtime.context.settled()  # a history step's checkpoint being written
             await asyncio.to_thread(runtime.close)
 
     return asyncio.run(main())

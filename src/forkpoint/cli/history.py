@@ -49,10 +49,9 @@ def history_command(
 ) -> None:
     """The steps of a session created with --history: the checkpoint before each, its
     label (command or path), time, the space it costs and the forks started from it."""
-    import asyncio
 
     async def op(runtime: Runtime) -> list[HistoryStep]:
-        return await asyncio.to_thread(runtime.history, session)
+        return await runtime.history(session)
 
     steps = run(op)
     if as_json:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -33,6 +34,8 @@ from forkpoint.vm.files import VmFiles
 
 __all__ = ["RuntimeContext"]
 
+_log = logging.getLogger(__name__)
+
 
 class RuntimeContext:
     """The state and helpers of one runtime (one process, one home)."""
@@ -51,6 +54,9 @@ class RuntimeContext:
         #: so once it has printed its result (``fill_warm``, ``prepare_rollback``).
         self.refill_in_background = False
         self.background: set[asyncio.Task[object]] = set()
+        #: Per session, the checkpoint it took that is still being written (a history
+        #: step's: the step returns once the VM's state is captured; see ``settled``).
+        self.finishing: dict[str, asyncio.Task[object]] = {}
         #: Sessions this process forked only to look at a checkpoint (diffs), from before
         #: their row exists until they are gone: the page never shows them.
         self.scratch_sessions: set[str] = set()
@@ -95,6 +101,29 @@ class RuntimeContext:
         task = asyncio.get_running_loop().create_task(work)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+    def finish_later(self, session_id: str, work: Coroutine[Any, Any, object]) -> None:
+        """Run ``work`` (the end of a checkpoint of ``session_id``) in the background."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.finishing[session_id] = task
+
+        def forget(done: asyncio.Task[object]) -> None:
+            if self.finishing.get(session_id) is done:
+                del self.finishing[session_id]
+            if not done.cancelled() and done.exception() is not None:
+                error = done.exception()
+                _log.warning("a checkpoint of %s was not finished: %s", session_id, error)
+
+        task.add_done_callback(forget)
+
+    async def settled(self, session_id: str | None = None) -> None:
+        """Until the checkpoints still finishing (of ``session_id``, or all) are done. One
+        that failed is logged where it ran, not raised here: its step is not recorded."""
+        tasks = list(self.finishing.values()) if session_id is None else [
+            t for t in (self.finishing.get(session_id),) if t is not None
+        ]  # fmt: skip
+        if tasks:
+            await asyncio.wait(tasks)
 
     def require_room(self, sessions: int) -> None:
         """Refuse to start ``sessions`` more when the disk reserve or the session count

@@ -68,12 +68,17 @@ def overlay_from_blank(backing: Path, dest: Path) -> None:
     in an empty overlay depends on its own name, so the copies are what ``qemu-img``
     would have written. The blank sits next to ``backing``: delete them together.
     """
+    shutil.copyfile(ensure_blank(backing), dest)
+
+
+def ensure_blank(backing: Path) -> Path:
+    """The blank overlay of ``backing`` (see :func:`overlay_from_blank`), made if missing."""
     blank = blank_overlay_of(backing)
     if not blank.exists():
         tmp = blank.with_name(f".{blank.name}.{uuid.uuid4().hex[:8]}.tmp")
         create_overlay(backing, tmp)
         os.replace(tmp, blank)  # racing restores each publish an identical file
-    shutil.copyfile(blank, dest)
+    return blank
 
 
 def overlay_on_top(top: Path, dest: Path) -> None:

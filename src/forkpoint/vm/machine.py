@@ -31,8 +31,8 @@ from forkpoint.vm.jail import Jail
 from forkpoint.vm.migration import incoming_arguments, state_file_uri
 from forkpoint.vm.process import exit_status, is_running, kill_and_wait, spawn_detached
 from forkpoint.vm.qmp import Qmp
-from forkpoint.vm.ramfile import allocated_bytes, create_sparse, sparse_copy
-from forkpoint.vm.rebase import copy_and_rebase
+from forkpoint.vm.ramfile import allocated_bytes, copy_of, create_sparse
+from forkpoint.vm.rebase import copy_and_rebase, read_ahead
 from forkpoint.vm.rebase import supported as rebase_supported
 from forkpoint.vm.runstate import LOADING, RESUMABLE, RunState, StateError, require
 from forkpoint.vm.shape import BootFiles, MachineShape
@@ -321,7 +321,8 @@ class Machine:
 
         The file this VM's RAM maps (its *base*, found in QEMU's mappings: after a
         checkpoint it is that checkpoint's) is copied to ``ram_dest`` while the VM runs
-        (a reflink where the file system can). Then, with the VM paused: the current disk
+        (a reflink where the file system can; taken from the VM's directory if
+        ``ramfile.prepare_copy`` made it there ahead). Then, with the VM paused: the current disk
         layer is frozen and the VM continues on ``new_overlay``; the device state (no RAM)
         is written to ``state_dest``; with QEMU's main loop frozen, the pages the guest
         wrote are copied over ``ram_dest`` and the VM's RAM is remapped onto ``ram_dest``
@@ -334,7 +335,7 @@ class Machine:
             base = await asyncio.to_thread(ram_mapping, self.pid, ram_size)
         except (LookupError, OSError) as error:
             raise _no_ram_access(self.files.name, error) from error
-        await asyncio.to_thread(sparse_copy, base.path, ram_dest)
+        await asyncio.to_thread(copy_of, base.path, ram_dest, self.files.dir)
         faults.point("checkpoint.ram-base-copied")
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
         old_name = await self._disk_name()
@@ -367,7 +368,7 @@ class Machine:
             t_ram = time.perf_counter()
             ranges: list[tuple[int, int]] = []
             async with self._ram_for_qemu(ram_dest) as qemu_fd:
-                written, rebased = await asyncio.to_thread(
+                written, used = await asyncio.to_thread(
                     copy_and_rebase, self.pid, base, ram_dest, qemu_fd, ranges
                 )
             written_ms = (time.perf_counter() - t_ram) * 1000
@@ -384,6 +385,8 @@ class Machine:
             with contextlib.suppress(QemuError):
                 await self._qmp.run("cont")
         pause_ms = (time.perf_counter() - paused) * 1000
+        if used is not None:
+            read_ahead(ram_dest, used)
         ram_bytes, state_bytes = await asyncio.to_thread(_seal, ram_dest, state_dest)
         return CheckpointStats(
             pause_ms=pause_ms,
@@ -393,7 +396,7 @@ class Machine:
             written_bytes=written,
             ram_bytes=ram_bytes,
             state_bytes=state_bytes,
-            rebased=rebased,
+            rebased=used is not None,
             written_ranges=tuple(ranges),
             ram_base=base.path,
         )

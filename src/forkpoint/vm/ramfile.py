@@ -16,7 +16,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["allocated_bytes", "create_sparse", "data_extents", "sparse_copy"]
+__all__ = [
+    "allocated_bytes",
+    "copy_of",
+    "create_sparse",
+    "data_extents",
+    "prepare_copy",
+    "sparse_copy",
+]
 
 _CHUNK = 8 << 20  # bytes per read/write when copy_file_range cannot be used
 _FICLONE = 0x40049409  # ioctl: dst shares all of src's blocks
@@ -91,3 +98,29 @@ def _pread_pwrite(fd_in: int, fd_out: int, offset: int, length: int) -> None:
             return
         os.pwrite(fd_out, data, offset)
         offset += len(data)
+
+
+def _prepared(directory: Path, src: Path) -> Path:
+    """Where :func:`prepare_copy` keeps a copy of ``src``: named by its inode (a file's
+    identity while it exists; a checkpoint's RAM file never changes)."""
+    return directory / f"ram-copy-{os.stat(src).st_ino}"
+
+
+def prepare_copy(src: Path, directory: Path) -> None:
+    """A copy of ``src`` made ahead in ``directory`` (replacing older ones there), for
+    :func:`copy_of` to take later instead of copying then."""
+    for old in directory.glob("ram-copy-*"):
+        old.unlink(missing_ok=True)
+    dest = _prepared(directory, src)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    sparse_copy(src, tmp)
+    os.replace(tmp, dest)
+
+
+def copy_of(src: Path, dst: Path, directory: Path) -> None:
+    """``dst`` a copy of ``src``: the one :func:`prepare_copy` made in ``directory`` if it
+    is there (a rename), else a copy now."""
+    try:
+        os.rename(_prepared(directory, src), dst)
+    except OSError:  # none prepared, or on another file system
+        sparse_copy(src, dst)

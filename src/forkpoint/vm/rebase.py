@@ -29,12 +29,19 @@ import mmap
 import os
 import platform
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from forkpoint.vm.written import RamMapping, copy_written_pages
+from forkpoint.vm.written import RamMapping, copy_written_pages, read_ranges
 
-__all__ = ["FrozenMainThread", "copy_and_rebase", "frozen_main_thread", "supported"]
+__all__ = [
+    "FrozenMainThread",
+    "copy_and_rebase",
+    "frozen_main_thread",
+    "read_ahead",
+    "supported",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -187,10 +194,11 @@ def frozen_main_thread(pid: int) -> Iterator[FrozenMainThread]:
 def copy_and_rebase(
     pid: int, ram: RamMapping, dest: Path, qemu_fd: int | None,
     ranges_out: list[tuple[int, int]],
-) -> tuple[int, bool]:  # fmt: skip
+) -> tuple[int, list[tuple[int, int]] | None]:  # fmt: skip
     """A paused VM's written pages copied over ``dest`` (a copy of the file ``ram``
     maps), then its RAM remapped onto QEMU's descriptor ``qemu_fd`` of ``dest``, all with
-    the main loop frozen. Returns the bytes copied and whether the RAM was remapped.
+    the main loop frozen. Returns the bytes copied and, if the RAM was remapped, the
+    ranges of the old file the guest had in memory (see :func:`read_ahead`).
 
     Without ``qemu_fd``, or when QEMU cannot be stopped (another tracer holds it), or the
     remap fails, the pages are still copied and the VM keeps its mapping: that checkpoint
@@ -198,19 +206,39 @@ def copy_and_rebase(
     :func:`frozen_main_thread`).
     """
     if qemu_fd is None:
-        return copy_written_pages(pid, ram, dest, ranges_out), False
+        return copy_written_pages(pid, ram, dest, ranges_out), None
     try:
         frozen = FrozenMainThread(pid)
     except (OSError, LookupError) as error:
         _log.warning("QEMU %s cannot be stopped for a remap (%s): copying only", pid, error)
-        return copy_written_pages(pid, ram, dest, ranges_out), False
+        return copy_written_pages(pid, ram, dest, ranges_out), None
     try:
         written = copy_written_pages(pid, ram, dest, ranges_out)
+        used = read_ranges(pid, ram.start, ram.size)
         try:
             frozen.map_private(ram.start, ram.size, qemu_fd)
         except OSError as error:  # before anything was unmapped: the old mapping stands
             _log.warning("QEMU %s: remapping its RAM failed (%s)", pid, error)
-            return written, False
-        return written, True
+            return written, None
     finally:
         frozen.release()
+    return written, used
+
+
+def read_ahead(path: Path, ranges: list[tuple[int, int]]) -> None:
+    """Ask the kernel to read ``ranges`` of ``path`` into memory, in the background.
+
+    After a remap the guest's memory is the new file's pages, and a file's page cache is
+    its own (a reflink shares blocks on disk, not pages in memory): the guest's next
+    touch of each page it used would wait for the disk (≈ 40 ms more on the next
+    ``exec`` here; 7 ms with this)."""
+    threading.Thread(target=_read_ahead, args=(path, ranges), daemon=True).start()
+
+
+def _read_ahead(path: Path, ranges: list[tuple[int, int]]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)

@@ -18,7 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PAGE_SIZE", "RamMapping", "copy_written_pages", "ram_mapping", "written_ranges"]
+__all__ = [
+    "PAGE_SIZE",
+    "RamMapping",
+    "copy_written_pages",
+    "ram_mapping",
+    "read_ranges",
+    "written_ranges",
+]
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CHUNK = 8 << 20  # bytes per read/write of guest memory
@@ -27,9 +34,14 @@ _WORKERS = min(4, os.cpu_count() or 1)
 # pagemap entries are little-endian u64; their top byte holds the flags we need:
 # bit 63 present, bit 62 swapped, bit 61 file-page-or-shared-anon.
 _PRESENT, _SWAPPED, _FILE = 0x80, 0x40, 0x20
-# Top byte -> b"w" when the page is a private (written) copy, else b".".
-_WRITTEN = bytes(
-    ord("w") if (flags & _SWAPPED) or (flags & _PRESENT and not flags & _FILE) else ord(".")
+# Top byte -> b"w" when the page is a private (written) copy, b"r" when it is the file's
+# page, in memory (read, not written), else b".".
+_MARKS = bytes(
+    ord("w")
+    if (flags & _SWAPPED) or (flags & _PRESENT and not flags & _FILE)
+    else ord("r")
+    if flags & _PRESENT
+    else ord(".")
     for flags in range(256)
 )
 
@@ -73,16 +85,30 @@ def ram_mapping(pid: int, size: int) -> RamMapping:
 
 def written_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
     """``(offset, length)`` in bytes of the runs of written pages in ``[start, start+size)``."""
+    return _runs(rb"w+", _marks(pid, start, size))
+
+
+def read_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
+    """The runs of pages of the mapped file in memory there (read, not written): what the
+    guest uses of it."""
+    return _runs(rb"r+", _marks(pid, start, size))
+
+
+def _marks(pid: int, start: int, size: int) -> bytes:
+    """A byte per page of ``[start, start+size)``: see ``_MARKS``."""
     pages = size // PAGE_SIZE
     fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
     try:
         entries = _pread_all(fd, pages * 8, start // PAGE_SIZE * 8)
     finally:
         os.close(fd)
-    marks = entries[7::8].translate(_WRITTEN)  # one byte per page, scanned at C speed
+    return entries[7::8].translate(_MARKS)  # scanned at C speed
+
+
+def _runs(pattern: bytes, marks: bytes) -> list[tuple[int, int]]:
     return [
         (m.start() * PAGE_SIZE, (m.end() - m.start()) * PAGE_SIZE)
-        for m in re.finditer(rb"w+", marks)
+        for m in re.finditer(pattern, marks)
     ]
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from forkpoint.errors import Conflict, NotFound
 from forkpoint.models import Checkpoint, CheckpointKind, FileCheck
 from forkpoint.runtime.capacity import checkpoint_bytes, require_space
-from forkpoint.runtime.checkpoints.writer import CheckpointOrigin
+from forkpoint.runtime.checkpoints.writer import Captured, CheckpointOrigin
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.restore.prepare import RollbackPreparer
@@ -62,7 +62,9 @@ class Checkpoints:
         if name is not None and await asyncio.to_thread(self._checkpoint_named, name):
             raise Conflict(f"checkpoint name {name!r} is already taken")
         async with session_lock_async(self.context.home, record.id):
-            created = await self.checkpoint_held(record.id, name, kind)
+            captured = await self.capture_held(record.id, name, kind)
+            created = await captured.finish()
+        self.context.finish_later(record.id, asyncio.to_thread(captured.prepare_next))
         self.preparer.in_background(record.id)
         return await asyncio.to_thread(self.context.queries.checkpoint_of, created)
 
@@ -70,6 +72,15 @@ class Checkpoints:
         self, session_id: str, name: str | None, kind: CheckpointKind
     ) -> CheckpointRecord:
         """:meth:`checkpoint`'s work, under the session's lock."""
+        return await (await self.capture_held(session_id, name, kind)).finish()
+
+    async def capture_held(
+        self, session_id: str, name: str | None, kind: CheckpointKind
+    ) -> Captured:
+        """The part of :meth:`checkpoint_held` that needs the VM (see
+        ``Checkpointer.capture``), under the session's lock; a checkpoint of this session
+        still finishing in this process is finished first (its file is this one's base)."""
+        await self.context.settled(session_id)
         record = await asyncio.to_thread(self.context.queries.require_running, session_id)
         await asyncio.to_thread(
             require_space, self.context.home, checkpoint_bytes(record.memory_mib), "a checkpoint"
@@ -87,7 +98,7 @@ class Checkpoints:
                 guest_ports=tuple(p.guest_port for p in record.ports),
                 volumes=await asyncio.to_thread(self.volumes.mounts_of, record.id),
             )  # fmt: skip
-            return await self.context.checkpointer.write(machine, layer, origin)
+            return await self.context.checkpointer.capture(machine, layer, origin)
         finally:
             await machine.close()
 

@@ -8,6 +8,7 @@ the checkpoint recorded in the store. A process killed halfway leaves an invisib
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -24,10 +25,13 @@ from forkpoint.runtime.checkpoints.manifest import CheckpointFiles, Manifest
 from forkpoint.runtime.sessions.machines import new_layer_name
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
 from forkpoint.vm import Machine, MachineShape, qemu_build
+from forkpoint.vm.disk import ensure_blank
 from forkpoint.vm.host import host_facts, host_tsc_khz
+from forkpoint.vm.ramfile import prepare_copy
 from forkpoint.vm.shape import ARGV_LAYOUT_VERSION
+from forkpoint.vm.stats import CheckpointStats
 
-__all__ = ["CheckpointOrigin", "Checkpointer"]
+__all__ = ["Captured", "CheckpointOrigin", "Checkpointer"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,64 @@ class CheckpointOrigin:
     volumes: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class Captured:
+    """A checkpoint whose files hold the VM's state (the VM runs on), not yet listed."""
+
+    writer: Checkpointer
+    origin: CheckpointOrigin
+    layer: str
+    final: CheckpointFiles
+    stats: CheckpointStats
+    restore_listeners: bool
+    started: float
+
+    async def finish(self) -> CheckpointRecord:
+        """Sums, manifest and fsync, then into place and into the store: listed, durable
+        and verifiable from here. On failure nothing is listed and the files are gone.
+
+        :raises InternalError: the files could not be written (e.g. the disk is full).
+        """
+        writer, origin, stats, final = self.writer, self.origin, self.stats, self.final
+        staging = final.staging()
+        try:
+            # Sizes and hashes, checked before every restore (see integrity).
+            described = await asyncio.to_thread(
+                describe_files, staging, stats.ram_base, stats.written_ranges
+            )
+            faults.point("checkpoint.files-hashed")
+            manifest = Manifest(
+                id=final.dir.name, session_id=origin.session_id, name=origin.name,
+                kind=origin.kind, shape=origin.shape, argv_layout=ARGV_LAYOUT_VERSION,
+                qemu_version=qemu_build().version, image=origin.image.name,
+                image_hash=origin.image.hash, disk_layer=self.layer,
+                parent_checkpoint=origin.parent, ports=origin.guest_ports, stats=stats,
+                duration_ms=(time.perf_counter() - self.started) * 1000,
+                host=await asyncio.to_thread(writer._host_facts, origin), files=described,
+                restore_listeners=self.restore_listeners, volumes=origin.volumes,
+            )  # fmt: skip
+            await asyncio.to_thread(writer._publish, manifest, staging, final)
+        except BaseException as error:
+            await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
+            if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
+                raise InternalError(
+                    f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
+                ) from error
+            raise
+        return await asyncio.to_thread(writer._insert, manifest, final)
+
+    def prepare_next(self) -> None:
+        """What the session's next checkpoint and this one's restores would otherwise do
+        on their caller's path (blocking; run after this one is listed): the frozen
+        layer's blank overlay, and a copy of the RAM file the VM now maps, in its
+        directory. Best effort: without them, they are made when needed."""
+        home = self.writer.home
+        with contextlib.suppress(OSError, ForkpointError):
+            ensure_blank(home.layers / self.layer)
+            if self.stats.rebased:
+                prepare_copy(self.final.ram, home.sessions / self.origin.session_id)
+
+
 class Checkpointer:
     """Writes and deletes the checkpoints of one home."""
 
@@ -58,8 +120,17 @@ class Checkpointer:
         self, machine: Machine, layer: str, origin: CheckpointOrigin
     ) -> CheckpointRecord:
         """Checkpoint the running ``machine`` (which writes to the disk ``layer``): the
-        layer is frozen and the VM continues on a new one, recorded
-        as the session's (a user checkpoint) whatever else happens.
+        layer is frozen and the VM continues on a new one, recorded as the session's (a
+        user checkpoint) whatever else happens.
+
+        :raises QemuError: QEMU failed; nothing is recorded and the VM runs on.
+        """
+        return await (await self.capture(machine, layer, origin)).finish()
+
+    async def capture(self, machine: Machine, layer: str, origin: CheckpointOrigin) -> Captured:
+        """:meth:`write`'s part with the VM: its state is in files when this returns and
+        the VM runs on; :meth:`Captured.finish` makes them a checkpoint (sums, manifest,
+        fsync, the store). Nothing is listed before that.
 
         :raises QemuError: QEMU failed; nothing is recorded and the VM runs on.
         """
@@ -81,22 +152,6 @@ class Checkpointer:
             finally:
                 # Whatever happened, record the layer the VM now writes to.
                 await asyncio.to_thread(self._record_new_top, origin, layer, new_top)
-            # Sizes and hashes, checked before every restore (see integrity).
-            described = await asyncio.to_thread(
-                describe_files, staging, stats.ram_base, stats.written_ranges
-            )
-            faults.point("checkpoint.files-hashed")
-            manifest = Manifest(
-                id=final.dir.name, session_id=origin.session_id, name=origin.name,
-                kind=origin.kind, shape=origin.shape, argv_layout=ARGV_LAYOUT_VERSION,
-                qemu_version=qemu_build().version, image=origin.image.name,
-                image_hash=origin.image.hash, disk_layer=layer,
-                parent_checkpoint=origin.parent, ports=origin.guest_ports, stats=stats,
-                duration_ms=(time.perf_counter() - started) * 1000,
-                host=await asyncio.to_thread(self._host_facts, origin), files=described,
-                restore_listeners=listeners, volumes=origin.volumes,
-            )  # fmt: skip
-            await asyncio.to_thread(self._publish, manifest, staging, final)
         except BaseException as error:
             await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
             if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
@@ -104,7 +159,7 @@ class Checkpointer:
                     f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
                 ) from error
             raise
-        return await asyncio.to_thread(self._insert, manifest, final)
+        return Captured(self, origin, layer, final, stats, listeners, started)
 
     def _host_facts(self, origin: CheckpointOrigin) -> dict[str, object]:
         # The guest kernel read its TSC rate once, at the cold boot that began its

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from forkpoint.errors import Conflict, ForkpointError, InvalidInput
 from forkpoint.models import CheckpointKind, HistoryStep, Session
 from forkpoint.runtime.checkpoints.service import Checkpoints
+from forkpoint.runtime.checkpoints.writer import Captured
 from forkpoint.runtime.context import RuntimeContext
 from forkpoint.runtime.housekeeping.collector import Collector
 from forkpoint.runtime.restore.service import Restore
 from forkpoint.runtime.usage import checkpoint_shared_bytes
-from forkpoint.store import CheckpointRecord
+from forkpoint.store import CheckpointRecord, session_lock_async
 from forkpoint.store.history import HistoryStore, StepRecord
 
 __all__ = ["DEFAULT_KEEP", "History", "label_of"]
@@ -51,15 +52,24 @@ class History:
 
     async def record(self, session: str, label: str | Sequence[str]) -> None:
         """Checkpoint ``session`` before a step, if it keeps a history (else nothing: one
-        indexed read)."""
+        indexed read). Returns once the VM's state is captured (the pause): the step
+        runs while its checkpoint is written, and is listed when that is done (``history``
+        and ``undo`` wait for it; so does the session's next checkpoint, and a CLI
+        process before it exits)."""
         record = await asyncio.to_thread(self.context.store.get_session, session)
         keep = await asyncio.to_thread(self._steps.keep, record.id)
         if keep is None:
             return
-        checkpoint = await self.checkpoints.checkpoint(record.id, kind=CheckpointKind.HISTORY)
-        step = StepRecord(checkpoint.id, record.id, label_of(label), automatic=True)
+        async with session_lock_async(self.context.home, record.id):
+            captured = await self.checkpoints.capture_held(record.id, None, CheckpointKind.HISTORY)
+        self.context.finish_later(record.id, self._finish(captured, label, keep))
+
+    async def _finish(self, captured: Captured, label: str | Sequence[str], keep: int) -> None:
+        checkpoint = await captured.finish()
+        step = StepRecord(checkpoint.id, checkpoint.session_id, label_of(label), automatic=True)
         await asyncio.to_thread(self._steps.add, step)
-        await self._retain(record.id, keep)
+        await self._retain(checkpoint.session_id, keep)
+        await asyncio.to_thread(captured.prepare_next)
 
     async def _retain(self, session_id: str, keep: int) -> None:
         """Delete automatic checkpoints beyond the last ``keep``, and undone ones, where
@@ -78,12 +88,17 @@ class History:
         doomed = [c for c in ordered if steps[c.id].undone] + live[: max(0, len(live) - keep)]
         return [c.id for c in doomed]
 
-    def history(self, session: str) -> list[HistoryStep]:
-        """The steps of a session created with ``history`` (blocking), oldest first:
-        automatic checkpoints not undone, and named ones.
+    async def history(self, session: str) -> list[HistoryStep]:
+        """The steps of a session created with ``history``, oldest first: automatic
+        checkpoints not undone, and named ones (a step still being written included).
 
         :raises NotFound: :raises Conflict: the session keeps no history.
         """
+        record = await asyncio.to_thread(self.context.store.get_session, session)
+        await self.context.settled(record.id)
+        return await asyncio.to_thread(self._history, record.id)
+
+    def _history(self, session: str) -> list[HistoryStep]:
         store = self.context.store
         record = store.get_session(session)
         if self._steps.keep(record.id) is None:
@@ -127,7 +142,7 @@ class History:
         """
         if steps < 1:
             raise InvalidInput("steps must be at least 1")
-        listed = await asyncio.to_thread(self.history, session)
+        listed = await self.history(session)
         automatic = [s for s in listed if s.automatic]
         if len(automatic) < steps:
             raise Conflict(f"session {session} has {len(automatic)} step(s) to undo, not {steps}")

@@ -337,6 +337,7 @@ class Sessions:
     async def remove(self, session: str) -> str:
         """Kill the session's VM and delete its files; returns its id. :raises NotFound:"""
         record = await asyncio.to_thread(self.context.store.get_session, session)
+        await self.context.settled(record.id)  # its last history step is listed first
         async with session_lock_async(self.context.home, record.id):
             await self.destroy(await asyncio.to_thread(self.context.store.get_session, record.id))
         await asyncio.to_thread(self.collector.collect_hidden_checkpoints)
