@@ -17,7 +17,9 @@ ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
     "guest": {"protocol"},
     "errors": set(),
-    "config": set(),
+    # the home's layout; mounts its XFS image after a reboot (storage)
+    "config": {"storage"},
+    "storage": {"errors"},
     "polling": set(),
     "threads": set(),  # the worker pool of the loops forkpoint runs (cli, server, e2b)
     "models": {"protocol"},
@@ -36,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "browser": {"errors"},
     "runtime": {
         "egress",
+        "storage",
         "volume_fs",
         "models",
         "requests",

@@ -164,7 +164,7 @@ def test_markdown_report(tmp_path: Path) -> None:
     assert text == render_markdown(_synthetic())
     assert "| create | 100 ms | 150 ms | 10 | ≤ 150 ms ✅ |" in text
     assert "| checkpoint | 200 ms | 300 ms | 10 | ≤ 150 ms ❌ |" in text
-    assert "| 1024 MiB | 2048 MiB | — | 700 ms |" in text
+    assert "| 1024 MiB | 2048 MiB | — | — | 700 ms |" in text
     assert "**2048 MiB**" in text
     assert "QEMU 7.2.22" in text and "20/20" in text
 
@@ -249,5 +249,43 @@ def test_history_section() -> None:
     text = render_markdown(result)
     assert "## History" in text and "18,110 paths" in text
     assert "| diff, warm (target ≤ 3000 ms ✅) | 1400 ms | 2100 ms | 6 |" in text
-    assert "128 MiB of disk" in text
+    assert "128.4 MiB of disk" in text
     assert "## History" not in render_markdown(base)
+
+
+def test_incremental_section_judges_each_target() -> None:
+    def s(p50: float) -> dict[str, Any]:
+        return {"p50_ms": p50, "p95_ms": p50, "n": 3}
+
+    def row(wall: float, pause: float, new: float) -> dict[str, Any]:
+        return {"wall": s(wall), "pause": s(pause), "new_mib_p50": new}
+
+    base = _synthetic()
+    incremental = {
+        "first": row(936.0, 460.0, 216.3),
+        "unchanged": row(103.0, 17.0, 0.2),
+        "changed_8mib": row(289.0, 46.0, 12.4),  # too slow: ❌
+        "chain": {
+            "depth": 20, "fork_first": s(100.0), "fork_deep": s(105.0),
+            "rollback_first": s(80.0), "rollback_deep": s(96.0),  # 20 % slower: ❌
+        },
+        "history": {"extra_ms": 30.0, "step_mib": 3.5, "twenty_steps_mib": 270.0},
+    }  # fmt: skip
+    result = build_result(
+        ops=base["ops"], ready=base["ready"], baselines=base["baselines"],
+        memory={"fork20_total_mib": 2048.4, "method": "pss"}, scaling=base["scaling"],
+        host=base["host"], fork20_serving=20, incremental=incremental,
+    )  # fmt: skip
+    text = render_markdown(result)
+    assert (
+        "| again, nothing changed | 103 ms | 17 ms | 0.2 MiB | ≤ 150 ms / ≤ 60 ms / ≤ 4 MiB ✅ |"
+        in text
+    )
+    assert (
+        "| after 8 MiB written | 289 ms | 46 ms | 12.4 MiB | ≤ 200 ms / ≤ 80 ms / ≤ 16 MiB ❌ |"
+        in text
+    )
+    assert "| fork | 100 ms | 105 ms | within 10 % ✅ |" in text
+    assert "| rollback | 80 ms | 96 ms | within 10 % ❌ |" in text
+    assert "(targets ≤ 40 ms, ≤ 4 MiB ✅)" in text and "270 MiB in all" in text
+    assert "cost what changed" not in render_markdown(base)

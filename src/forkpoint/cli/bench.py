@@ -80,12 +80,13 @@ def _print_tables(result: dict[str, Any]) -> None:
             table.add_row(*row)
         console.print(table)
     scaling = Table(title="checkpoint vs memory in use", title_justify="left")
-    for column in ("in use", "configured", "checkpoint p50"):
+    for column in ("in use", "configured", "first checkpoint", "again p50"):
         scaling.add_column(column, justify="right")
     for entry in result["scaling"]:
         scaling.add_row(
             f"{entry['in_use_mib']} MiB",
             f"{entry['configured_mib']} MiB",
+            f"{entry.get('first_ms', 0):.0f} ms",
             f"{entry['checkpoint_p50_ms']:.0f} ms",
         )
     console.print(scaling)
