@@ -1,25 +1,23 @@
-"""The history measurements: ``diff`` with 10,000 files in the tree, and a history step.
+"""The history measurements: ``diff`` with 10,000 files in the tree.
 
 - ``diff_10k``: a session with 10,000 more files (100 directories of 100) than the image
   is checkpointed, three files change, then ``diff CHECKPOINT`` runs. ``cold``: the first
   diff against that checkpoint (a fork of it is scanned too, side by side with the
   session); ``warm``: later ones (the checkpoint's scan is kept, only the session is
   walked). Target ≤ 3 s.
-- ``step``: ``exec true`` in a session created with ``history`` minus the same in one
-  without (the automatic checkpoint); ``step_bytes``: the disk each step's checkpoint
-  takes (its RAM file: the memory in use, see the docs).
+
+A history step's cost is measured with the checkpoints' (``incremental.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
 
 from forkpoint.runtime import Runtime
 
-from .stats import Summary, summarize
+from .stats import summarize
 
 __all__ = ["DIFF_TARGET_MS", "measure_history"]
 
@@ -44,7 +42,7 @@ _CHANGE = (
 async def measure_history(
     runtime: Runtime, reps: int, log: Callable[[str], None]
 ) -> dict[str, Any]:
-    """``{diff_10k_cold, diff_10k_warm, step: Summary, entries, step_bytes, ...}``."""
+    """``{diff_10k_cold, diff_10k_warm: Summary, entries, diff_target_ms}``."""
     out: dict[str, Any] = {}
     tree = await runtime.create()
     try:
@@ -71,38 +69,5 @@ async def measure_history(
         )
     finally:
         await runtime.remove(tree.id)
-    out.update(await _steps(runtime, reps, log))
     out["diff_target_ms"] = DIFF_TARGET_MS
     return out
-
-
-async def _steps(runtime: Runtime, reps: int, log: Callable[[str], None]) -> dict[str, Any]:
-    plain = await runtime.create()
-    stepped = await runtime.create(history=True)
-    try:
-        samples: dict[str, list[float]] = {"plain": [], "history": []}
-        for _ in range(reps):
-            for key, session in (("plain", plain), ("history", stepped)):
-                started = time.perf_counter()
-                await runtime.exec(session.id, "true")
-                samples[key].append((time.perf_counter() - started) * 1000)
-        steps = await runtime.history(stepped.id)
-        plain_ms: Summary = summarize(samples["plain"])
-        with_history: Summary = summarize(samples["history"])
-        step_bytes = [s.size_bytes for s in steps]
-        log(
-            f"history step: exec {with_history['p50_ms']:.0f} ms with history, "
-            f"{plain_ms['p50_ms']:.0f} ms without; {step_bytes[-1] / 2**20:.0f} MiB a step"
-        )
-        return {
-            "exec_plain": plain_ms,
-            "exec_history": with_history,
-            "step_ms": round(with_history["p50_ms"] - plain_ms["p50_ms"], 1),
-            "step_bytes": int(sum(step_bytes) / len(step_bytes)),
-        }
-    finally:
-        await runtime.remove(plain.id)
-        await runtime.remove(stepped.id)
-        left = await asyncio.to_thread(runtime.store.list_checkpoints, session_id=stepped.id)
-        for checkpoint in left:
-            await runtime.remove_checkpoint(checkpoint.id)  # they outlive their session

@@ -330,14 +330,6 @@ def _history_lines(history: Mapping[str, Any]) -> list[str]:
         f"| diff, cold | {_ms(cold['p50_ms'])} | {_ms(cold['p95_ms'])} | {cold['n']} |",
         f"| diff, warm (target ≤ {_ms(history['diff_target_ms'])} {mark}) | "
         f"{_ms(warm['p50_ms'])} | {_ms(warm['p95_ms'])} | {warm['n']} |",
-        f"| `exec true`, with history | {_ms(history['exec_history']['p50_ms'])} | "
-        f"{_ms(history['exec_history']['p95_ms'])} | {history['exec_history']['n']} |",
-        f"| `exec true`, without | {_ms(history['exec_plain']['p50_ms'])} | "
-        f"{_ms(history['exec_plain']['p95_ms'])} | {history['exec_plain']['n']} |",
-        "",
-        f"A history step costs ≈ {_ms(history['step_ms'])} (its checkpoint) and "
-        f"{history['step_bytes'] / 2**20:.1f} MiB of disk (what its RAM file does not share "
-        "with the steps around it).",
     ]
 
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -68,7 +69,7 @@ class Captured:
         """
         writer, origin, stats, final = self.writer, self.origin, self.stats, self.final
         staging = final.staging()
-        try:
+        async with _removed_on_failure(final):
             # Sizes and hashes, checked before every restore (see integrity).
             described = await asyncio.to_thread(
                 describe_files, staging, stats.ram_base, stats.written_ranges
@@ -85,13 +86,6 @@ class Captured:
                 restore_listeners=self.restore_listeners, volumes=origin.volumes,
             )  # fmt: skip
             await asyncio.to_thread(writer._publish, manifest, staging, final)
-        except BaseException as error:
-            await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
-            if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
-                raise InternalError(
-                    f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
-                ) from error
-            raise
         return await asyncio.to_thread(writer._insert, manifest, final)
 
     def prepare_next(self) -> None:
@@ -140,7 +134,7 @@ class Checkpointer:
         await asyncio.to_thread(staging.dir.mkdir)
         faults.point("checkpoint.staging-made")
         new_top = new_layer_name()
-        try:
+        async with _removed_on_failure(final):
             try:
                 listeners = await machine.restore_listeners()  # a QMP query, ≈ 1 ms
                 stats = await machine.checkpoint(
@@ -152,13 +146,6 @@ class Checkpointer:
             finally:
                 # Whatever happened, record the layer the VM now writes to.
                 await asyncio.to_thread(self._record_new_top, origin, layer, new_top)
-        except BaseException as error:
-            await asyncio.to_thread(shutil.rmtree, staging.dir, ignore_errors=True)
-            if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
-                raise InternalError(
-                    f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
-                ) from error
-            raise
         return Captured(self, origin, layer, final, stats, listeners, started)
 
     def _host_facts(self, origin: CheckpointOrigin) -> dict[str, object]:
@@ -191,10 +178,10 @@ class Checkpointer:
         _fsync(staging.ram)
         _fsync(staging.state)
         manifest.save(staging)
-        _fsync_dir(staging.dir)
+        _fsync(staging.dir)
         faults.point("checkpoint.manifest-written")
         os.rename(staging.dir, final.dir)  # atomic: a checkpoint is all there or not at all
-        _fsync_dir(final.dir.parent)
+        _fsync(final.dir.parent)
         faults.point("checkpoint.published")
 
     def _insert(self, manifest: Manifest, files: CheckpointFiles) -> CheckpointRecord:
@@ -229,15 +216,23 @@ class Checkpointer:
         faults.point("checkpoint-rm.files-deleted")
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+@contextlib.asynccontextmanager
+async def _removed_on_failure(final: CheckpointFiles) -> AsyncIterator[None]:
+    """The checkpoint's staging directory deleted if the block fails; a file system error
+    said in one line."""
     try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
+        yield
+    except BaseException as error:
+        await asyncio.to_thread(shutil.rmtree, final.staging().dir, ignore_errors=True)
+        if isinstance(error, OSError):  # e.g. the disk filled up (found by the campaign)
+            raise InternalError(
+                f"writing checkpoint {final.dir.name} failed: {error.strerror or error}"
+            ) from error
+        raise
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """A file's or a directory's content on disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
