@@ -37,7 +37,7 @@ from forkpoint.vm.rebase import supported as rebase_supported
 from forkpoint.vm.runstate import LOADING, RESUMABLE, RunState, StateError, require
 from forkpoint.vm.shape import BootFiles, MachineShape
 from forkpoint.vm.stats import CheckpointStats
-from forkpoint.vm.written import ram_mapping
+from forkpoint.vm.written import RamMapping, ram_mapping
 
 __all__ = ["Machine"]
 
@@ -335,6 +335,20 @@ class Machine:
             base = await asyncio.to_thread(ram_mapping, self.pid, ram_size)
         except (LookupError, OSError) as error:
             raise _no_ram_access(self.files.name, error) from error
+        # A deleted base (its checkpoint removed while mapped) is reachable only through
+        # this mapping, which the remap ends: held open for its sum (closed by the caller).
+        kept = None if base.named else await asyncio.to_thread(os.open, base.path, os.O_RDONLY)
+        try:
+            return await self._checkpoint(base, kept, new_overlay, state_dest, ram_dest, started)
+        except BaseException:
+            if kept is not None:
+                os.close(kept)
+            raise
+
+    async def _checkpoint(
+        self, base: RamMapping, kept: int | None, new_overlay: Path, state_dest: Path,
+        ram_dest: Path, started: float,
+    ) -> CheckpointStats:  # fmt: skip
         await asyncio.to_thread(copy_of, base.path, ram_dest, self.files.dir)
         faults.point("checkpoint.ram-base-copied")
         # The new layer is made here and handed over open: a jailed QEMU cannot create it.
@@ -398,7 +412,8 @@ class Machine:
             state_bytes=state_bytes,
             rebased=used is not None,
             written_ranges=tuple(ranges),
-            ram_base=base.path,
+            ram_base=base.path if kept is None else Path(f"/proc/self/fd/{kept}"),
+            ram_base_fd=kept,
         )
 
     @contextlib.asynccontextmanager

@@ -34,3 +34,6 @@ class CheckpointStats:
     #: The file the RAM mapped before (not in manifests): the new file's sum is
     #: that file's, updated for the pages written.
     ram_base: Path | None = field(default=None, compare=False, repr=False)
+    #: A descriptor of it to close once the sum is made (it was deleted: the path above is
+    #: this descriptor's ``/proc/self/fd/N``).
+    ram_base_fd: int | None = field(default=None, compare=False, repr=False)

@@ -47,6 +47,7 @@ __all__ = [
     "check_before_restore",
     "describe_files",
     "page_sum",
+    "remember_sum",
     "verify_files",
 ]
 
@@ -160,10 +161,17 @@ def _blocks(written: tuple[tuple[int, int], ...], block: int = _PAGE) -> list[tu
     return out
 
 
-def updated_page_sum(base: Path | None, dest: Path, written: tuple[tuple[int, int], ...]) -> int:
+def updated_page_sum(
+    base: Path | None, dest: Path, written: tuple[tuple[int, int], ...],
+    remembered_in: Path | None = None,
+) -> int:  # fmt: skip
     """The page sum of ``dest``: a copy of ``base`` with the ``written`` runs of pages
-    replaced (a checkpoint's RAM file). Reads only those pages, from both files."""
+    replaced (a checkpoint's RAM file). Reads only those pages, from both files. The
+    base's sum is its manifest's, or else (its checkpoint deleted) what
+    :func:`remember_sum` kept of it in ``remembered_in``."""
     known = None if base is None else recorded_page_sum(base)
+    if base is not None and known is None and remembered_in is not None:
+        known = _remembered_sum(remembered_in, base)
     if base is None or known is None:
         return page_sum(dest)  # a boot's empty RAM file, or an old checkpoint: in full
     fds = os.open(base, os.O_RDONLY), os.open(dest, os.O_RDONLY)
@@ -175,17 +183,39 @@ def updated_page_sum(base: Path | None, dest: Path, written: tuple[tuple[int, in
             os.close(fd)
 
 
+def remember_sum(directory: Path, ram: Path) -> None:
+    """Keep ``ram``'s sum (a checkpoint's RAM file, which a VM maps) in ``directory``
+    (the VM's), by the file's inode: if its checkpoint is deleted, the VM's next
+    checkpoint still updates that sum instead of summing its whole RAM."""
+    known = recorded_page_sum(ram)
+    if known is None:
+        return
+    for old in directory.glob("ram-sum-*"):
+        old.unlink(missing_ok=True)
+    (directory / f"ram-sum-{os.stat(ram).st_ino}").write_text(f"{SUM_KEY} {known:032x}")
+
+
+def _remembered_sum(directory: Path, ram: Path) -> int | None:
+    try:
+        key, value = (directory / f"ram-sum-{os.stat(ram).st_ino}").read_text().split()
+        return int(value, 16) if key == SUM_KEY else None
+    except (OSError, ValueError):
+        return None
+
+
 def describe_files(
-    files: CheckpointFiles, ram_base: Path | None, written: tuple[tuple[int, int], ...]
-) -> dict[str, dict[str, Any]]:
+    files: CheckpointFiles, ram_base: Path | None, written: tuple[tuple[int, int], ...],
+    remembered_in: Path | None = None,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
     """The ``files`` map of a freshly written checkpoint (its files are read-only now),
-    whose RAM file is a copy of ``ram_base`` with the ``written`` runs replaced."""
+    whose RAM file is a copy of ``ram_base`` with the ``written`` runs replaced (see
+    :func:`updated_page_sum` for ``remembered_in``)."""
     state, ram = files.state.stat(), files.ram.stat()
     return {
         "state": {"size": state.st_size, "sha256": _digest(files.state)},
         "ram": {
             "size": ram.st_size,
-            SUM_KEY: f"{updated_page_sum(ram_base, files.ram, written):032x}",
+            SUM_KEY: f"{updated_page_sum(ram_base, files.ram, written, remembered_in):032x}",
             "ctime_ns": ram.st_ctime_ns,
         },
     }

@@ -21,7 +21,7 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
-from forkpoint.runtime.checkpoints.integrity import describe_files
+from forkpoint.runtime.checkpoints.integrity import describe_files, remember_sum
 from forkpoint.runtime.checkpoints.manifest import CheckpointFiles, Manifest
 from forkpoint.runtime.sessions.machines import new_layer_name
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
@@ -71,9 +71,14 @@ class Captured:
         staging = final.staging()
         async with _removed_on_failure(final):
             # Sizes and hashes, checked before every restore (see integrity).
-            described = await asyncio.to_thread(
-                describe_files, staging, stats.ram_base, stats.written_ranges
-            )
+            try:
+                described = await asyncio.to_thread(
+                    describe_files, staging, stats.ram_base, stats.written_ranges,
+                    self.vm_dir,
+                )  # fmt: skip
+            finally:
+                if stats.ram_base_fd is not None:
+                    os.close(stats.ram_base_fd)
             faults.point("checkpoint.files-hashed")
             manifest = Manifest(
                 id=final.dir.name, session_id=origin.session_id, name=origin.name,
@@ -92,12 +97,18 @@ class Captured:
         """What the session's next checkpoint and this one's restores would otherwise do
         on their caller's path (blocking; run after this one is listed): the frozen
         layer's blank overlay, and a copy of the RAM file the VM now maps, in its
-        directory. Best effort: without them, they are made when needed."""
-        home = self.writer.home
+        directory (with its sum, for when its checkpoint is deleted while the VM maps
+        it). Best effort: without them, they are made when needed."""
         with contextlib.suppress(OSError, ForkpointError):
-            ensure_blank(home.layers / self.layer)
+            ensure_blank(self.writer.home.layers / self.layer)
             if self.stats.rebased:
-                prepare_copy(self.final.ram, home.sessions / self.origin.session_id)
+                prepare_copy(self.final.ram, self.vm_dir)
+                remember_sum(self.vm_dir, self.final.ram)
+
+    @property
+    def vm_dir(self) -> Path:
+        """The directory of the VM checkpointed (see ``VmFiles``)."""
+        return self.writer.home.sessions / self.origin.session_id
 
 
 class Checkpointer:
