@@ -63,8 +63,11 @@ def _tree_bytes(directory: Path | str) -> int:
 
 
 def session_disk_bytes(home: Home, session_dir: Path, record: SessionRecord) -> int:
-    """The session's top disk layer and its own directory (logs, boot RAM file)."""
-    return allocated_bytes(home.layers / record.disk_layer) + allocated_bytes(session_dir)
+    """The session's top disk layer and its own directory (logs, boot RAM file), less
+    what the copy of its checkpoint's RAM made ahead there shares with that checkpoint
+    (all of it, until the copy is written to)."""
+    shared = sum(shared_bytes(copy) for copy in session_dir.glob("ram-copy-*"))
+    return allocated_bytes(home.layers / record.disk_layer) + allocated_bytes(session_dir) - shared
 
 
 def checkpoint_shared_bytes(home: Home, record: CheckpointRecord) -> int:
