@@ -322,11 +322,12 @@ class Machine:
         The file this VM's RAM maps (its *base*, found in QEMU's mappings: after a
         checkpoint it is that checkpoint's) is copied to ``ram_dest`` while the VM runs
         (a reflink where the file system can; taken from the VM's directory if
-        ``ramfile.prepare_copy`` made it there ahead). Then, with the VM paused: the current disk
-        layer is frozen and the VM continues on ``new_overlay``; the device state (no RAM)
-        is written to ``state_dest``; with QEMU's main loop frozen, the pages the guest
-        wrote are copied over ``ram_dest`` and the VM's RAM is remapped onto ``ram_dest``
-        (see :mod:`.rebase`), so the next checkpoint copies only what changes from here.
+        ``ramfile.prepare_copy`` made it there ahead). Then, with the VM paused: the
+        current disk layer is frozen and the VM continues on ``new_overlay``; the device
+        state (no RAM) is written to ``state_dest``; with QEMU's main loop frozen, the
+        pages the guest wrote are copied over ``ram_dest`` and the VM's RAM is remapped
+        onto ``ram_dest`` (see :mod:`.rebase`), so the next checkpoint copies only what
+        changes from here.
         The VM resumes even on failure.
         :raises QemuError: QEMU's own error text plus the log tail.
         """
@@ -337,7 +338,9 @@ class Machine:
             raise _no_ram_access(self.files.name, error) from error
         # A deleted base (its checkpoint removed while mapped) is reachable only through
         # this mapping, which the remap ends: held open for its sum (closed by the caller).
-        kept = None if base.named else await asyncio.to_thread(os.open, base.path, os.O_RDONLY)
+        kept = None
+        if not base.named:
+            kept = await asyncio.to_thread(os.open, base.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             return await self._checkpoint(base, kept, new_overlay, state_dest, ram_dest, started)
         except BaseException:

@@ -70,6 +70,7 @@ class History:
         await asyncio.to_thread(self._steps.add, step)
         await self._retain(checkpoint.session_id, keep)
         await asyncio.to_thread(captured.prepare_next)
+        self.checkpoints.preparer.in_background(checkpoint.session_id)  # as a checkpoint does
 
     async def _retain(self, session_id: str, keep: int) -> None:
         """Delete automatic checkpoints beyond the last ``keep``, and undone ones, where
