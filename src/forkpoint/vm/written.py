@@ -57,10 +57,10 @@ class RamMapping:
 
 
 def ram_mapping(pid: int, size: int) -> RamMapping:
-    """The private file mapping of ``size`` bytes from offset 0 in process ``pid``: its
-    RAM. Found from QEMU itself, not from what the store says it was restored from: after
-    a checkpoint it maps that checkpoint's file (see :mod:`.rebase`), which may since have
-    been deleted (it lives on while mapped).
+    """The private, writable file mapping of ``size`` bytes from offset 0 in process
+    ``pid``: its RAM. Found from QEMU itself, not from what the store says it was
+    restored from: after a checkpoint it maps that checkpoint's file (see
+    :mod:`.rebase`), which may since have been deleted (it lives on while mapped).
 
     :raises LookupError: no such mapping.
     """
@@ -71,7 +71,7 @@ def ram_mapping(pid: int, size: int) -> RamMapping:
                 continue
             span, perms, path = fields[0], fields[1], fields[5]
             start, end = (int(a, 16) for a in span.split("-"))
-            if end - start != size or not perms.endswith("p"):
+            if end - start != size or not perms.startswith("rw") or not perms.endswith("p"):
                 continue
             own = Path(path)
             try:
