@@ -91,19 +91,20 @@ class Captured:
                 restore_listeners=self.restore_listeners, volumes=origin.volumes,
             )  # fmt: skip
             await asyncio.to_thread(writer._publish, manifest, staging, final)
+        if stats.rebased:  # now, not later: the checkpoint may be deleted right after
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(remember_sum, self.vm_dir, final.ram)
         return await asyncio.to_thread(writer._insert, manifest, final)
 
     def prepare_next(self) -> None:
         """What the session's next checkpoint and this one's restores would otherwise do
         on their caller's path (blocking; run after this one is listed): the frozen
         layer's blank overlay, and a copy of the RAM file the VM now maps, in its
-        directory (with its sum, for when its checkpoint is deleted while the VM maps
-        it). Best effort: without them, they are made when needed."""
+        directory. Best effort: without them, they are made when needed."""
         with contextlib.suppress(OSError, ForkpointError):
             ensure_blank(self.writer.home.layers / self.layer)
             if self.stats.rebased:
                 prepare_copy(self.final.ram, self.vm_dir)
-                remember_sum(self.vm_dir, self.final.ram)
 
     @property
     def vm_dir(self) -> Path:
