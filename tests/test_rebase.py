@@ -85,6 +85,14 @@ def base(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def dest(base: Path, tmp_path: Path) -> Path:
+    """A copy of the base: what a checkpoint's RAM file starts as."""
+    path = tmp_path / "ckpt"
+    sparse_copy(base, path)
+    return path
+
+
+@pytest.fixture
 def child(base: Path) -> Iterator[Child]:
     c = Child(base)
     yield c
@@ -96,14 +104,12 @@ def child(base: Path) -> Iterator[Child]:
 
 
 def test_the_mapping_moves_onto_the_copy_and_no_private_page_is_left(
-    base: Path, child: Child, tmp_path: Path
+    base: Path, child: Child, dest: Path
 ) -> None:
     pid = child.proc.pid
     before = child.memory()
     mapping = ram_mapping(pid, SIZE)
     assert mapping.path == base
-    dest = tmp_path / "ckpt"
-    sparse_copy(base, dest)
     fd_in_child = int(child.ask(f"open {dest}"))
     ranges: list[tuple[int, int]] = []
 
@@ -139,25 +145,19 @@ def test_a_signal_sent_while_frozen_arrives_after(base: Path, child: Child) -> N
 
 
 def test_without_a_descriptor_the_pages_are_copied_and_the_mapping_stays(
-    base: Path, child: Child, tmp_path: Path
+    base: Path, child: Child, dest: Path
 ) -> None:
     pid = child.proc.pid
     mapping = ram_mapping(pid, SIZE)
-    dest = tmp_path / "ckpt"
-    sparse_copy(base, dest)
     assert copy_and_rebase(pid, mapping, dest, None, []) == (3 * PAGE_SIZE, None)
     assert dest.read_bytes() == child.memory()
     assert ram_mapping(pid, SIZE).path == base
 
 
-def test_a_failed_remap_leaves_the_process_as_it_was(
-    base: Path, child: Child, tmp_path: Path
-) -> None:
+def test_a_failed_remap_leaves_the_process_as_it_was(base: Path, child: Child, dest: Path) -> None:
     pid = child.proc.pid
     before = child.memory()
     mapping = ram_mapping(pid, SIZE)
-    dest = tmp_path / "ckpt"
-    sparse_copy(base, dest)
     written, used = copy_and_rebase(pid, mapping, dest, 987, [])  # no such fd there
     assert written == 3 * PAGE_SIZE and used is None
     assert ram_mapping(pid, SIZE).path == base

@@ -40,9 +40,10 @@ def allocated_bytes(path: Path) -> int:
         info = os.lstat(path)
     except OSError:
         return 0
-    if not stat.S_ISDIR(info.st_mode):
-        return _within_size(info)
-    return info.st_blocks * 512 + _tree_bytes(path)
+    total = _within_size(info)
+    if stat.S_ISDIR(info.st_mode):
+        total += _tree_bytes(path)
+    return total
 
 
 def _within_size(info: os.stat_result) -> int:

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from forkpoint.vm.written import RamMapping, copy_written_pages, read_ranges
+from forkpoint.vm.written import RamMapping, copy_written_pages
 
 __all__ = [
     "FrozenMainThread",
@@ -213,8 +213,8 @@ def copy_and_rebase(
         _log.warning("QEMU %s cannot be stopped for a remap (%s): copying only", pid, error)
         return copy_written_pages(pid, ram, dest, ranges_out), None
     try:
-        written = copy_written_pages(pid, ram, dest, ranges_out)
-        used = read_ranges(pid, ram.start, ram.size)
+        used: list[tuple[int, int]] = []
+        written = copy_written_pages(pid, ram, dest, ranges_out, read_out=used)
         try:
             frozen.map_private(ram.start, ram.size, qemu_fd)
         except OSError as error:  # before anything was unmapped: the old mapping stands

@@ -23,7 +23,6 @@ __all__ = [
     "RamMapping",
     "copy_written_pages",
     "ram_mapping",
-    "read_ranges",
     "written_ranges",
 ]
 
@@ -88,12 +87,6 @@ def written_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
     return _runs(rb"w+", _marks(pid, start, size))
 
 
-def read_ranges(pid: int, start: int, size: int) -> list[tuple[int, int]]:
-    """The runs of pages of the mapped file in memory there (read, not written): what the
-    guest uses of it."""
-    return _runs(rb"r+", _marks(pid, start, size))
-
-
 def _marks(pid: int, start: int, size: int) -> bytes:
     """A byte per page of ``[start, start+size)``: see ``_MARKS``."""
     pages = size // PAGE_SIZE
@@ -113,18 +106,23 @@ def _runs(pattern: bytes, marks: bytes) -> list[tuple[int, int]]:
 
 
 def copy_written_pages(
-    pid: int, ram: RamMapping, dest: Path, ranges_out: list[tuple[int, int]] | None = None
-) -> int:
+    pid: int, ram: RamMapping, dest: Path, ranges_out: list[tuple[int, int]] | None = None,
+    *, read_out: list[tuple[int, int]] | None = None,
+) -> int:  # fmt: skip
     """Write every page ``pid`` has written into its ``ram`` mapping over ``dest``.
 
     ``dest`` must already hold a copy of the mapped file; the VM must be paused. Returns
-    the bytes written (and appends the runs written to ``ranges_out``). Copies on several
-    threads (the VM is paused: the CPUs are free).
+    the bytes written (and appends the runs written to ``ranges_out``, and the runs of
+    the file's own pages it has in memory, read and not written, to ``read_out``). Copies
+    on several threads (the VM is paused: the CPUs are free).
     """
     start = ram.start
-    ranges = written_ranges(pid, start, ram.size)
+    marks = _marks(pid, start, ram.size)
+    ranges = _runs(rb"w+", marks)
     if ranges_out is not None:
         ranges_out.extend(ranges)
+    if read_out is not None:
+        read_out.extend(_runs(rb"r+", marks))
     chunks = [
         (offset, min(_CHUNK, run_start + length - offset))
         for run_start, length in ranges

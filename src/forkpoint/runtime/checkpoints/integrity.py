@@ -183,24 +183,26 @@ def updated_page_sum(
             os.close(fd)
 
 
-def remember_sum(directory: Path, ram: Path) -> None:
-    """Keep ``ram``'s sum (a checkpoint's RAM file, which a VM maps) in ``directory``
-    (the VM's), by the file's inode: if its checkpoint is deleted, the VM's next
-    checkpoint still updates that sum instead of summing its whole RAM."""
-    known = recorded_page_sum(ram)
-    if known is None:
-        return
+def remember_sum(directory: Path, ram: Path, recorded: str) -> None:
+    """Keep ``ram``'s ``recorded`` sum (a checkpoint's RAM file, which a VM maps, and its
+    manifest's ``SUM_KEY``) in ``directory`` (the VM's): if its checkpoint is deleted, the
+    VM's next checkpoint still updates that sum instead of summing its whole RAM."""
     for old in directory.glob("ram-sum-*"):
         old.unlink(missing_ok=True)
-    (directory / f"ram-sum-{os.stat(ram).st_ino}").write_text(f"{SUM_KEY} {known:032x}")
+    _sum_file(directory, ram).write_text(f"{SUM_KEY} {recorded}")
 
 
 def _remembered_sum(directory: Path, ram: Path) -> int | None:
     try:
-        key, value = (directory / f"ram-sum-{os.stat(ram).st_ino}").read_text().split()
+        key, value = _sum_file(directory, ram).read_text().split()
         return int(value, 16) if key == SUM_KEY else None
     except (OSError, ValueError):
         return None
+
+
+def _sum_file(directory: Path, ram: Path) -> Path:
+    """Named by the RAM file's inode: its identity even once it is deleted."""
+    return directory / f"ram-sum-{os.stat(ram).st_ino}"
 
 
 def describe_files(

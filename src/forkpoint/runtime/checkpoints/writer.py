@@ -21,7 +21,7 @@ from forkpoint.config import Home
 from forkpoint.errors import ForkpointError, InternalError
 from forkpoint.images import Image
 from forkpoint.models import CheckpointKind
-from forkpoint.runtime.checkpoints.integrity import describe_files, remember_sum
+from forkpoint.runtime.checkpoints.integrity import SUM_KEY, describe_files, remember_sum
 from forkpoint.runtime.checkpoints.manifest import CheckpointFiles, Manifest
 from forkpoint.runtime.sessions.machines import new_layer_name
 from forkpoint.store import CheckpointRecord, Store, new_checkpoint_id
@@ -93,7 +93,8 @@ class Captured:
             await asyncio.to_thread(writer._publish, manifest, staging, final)
         if stats.rebased:  # now, not later: the checkpoint may be deleted right after
             with contextlib.suppress(OSError):
-                await asyncio.to_thread(remember_sum, self.vm_dir, final.ram)
+                recorded = described["ram"][SUM_KEY]
+                await asyncio.to_thread(remember_sum, self.vm_dir, final.ram, recorded)
         return await asyncio.to_thread(writer._insert, manifest, final)
 
     def prepare_next(self) -> None:
