@@ -75,6 +75,12 @@ class Home:
         return self
 
 
+def cluster_address() -> str | None:
+    """The Ray cluster every door talks to (``FORKPOINT_CLUSTER=HEAD:6379``); None: this
+    host alone."""
+    return os.environ.get("FORKPOINT_CLUSTER", "").strip() or None
+
+
 def home() -> Home:
     """The active home, from ``$FORKPOINT_HOME`` or the XDG default."""
     env = os.environ.get("FORKPOINT_HOME")

@@ -105,6 +105,11 @@ class ForkpointError(Exception):
             setattr(error, name, data.get(name))
         return error
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Pickled as its wire form: classes whose __init__ takes fields, not a message,
+        # cross a process boundary (a cluster node's answer) as themselves.
+        return ForkpointError.from_dict, (self.to_dict(),)
+
 
 class InvalidInput(ForkpointError):
     code = "invalid_input"

@@ -21,6 +21,7 @@ def _register_all() -> None:
         bench,
         browser,
         checkpoints,
+        cluster,
         demo,
         e2b,
         events,
@@ -41,6 +42,7 @@ def _register_all() -> None:
     guest.register(app)
     shell.register(app)
     checkpoints.register(app)
+    cluster.register(app)
     browser.register(app)
     history.register(app)
     metrics.register(app)

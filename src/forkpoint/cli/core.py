@@ -11,17 +11,19 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import to_json_data
 
 if TYPE_CHECKING:
+    from forkpoint.cluster.runtime import ClusterRuntime
     from forkpoint.models import BackgroundProcess, CommandResult, Session
     from forkpoint.runtime import Runtime
     from forkpoint.runtime.queries import Queries
 
 __all__ = [
+    "cluster",
     "emit_json",
     "exec_command",
     "get_session",
@@ -35,11 +37,21 @@ T = TypeVar("T")
 
 
 def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
-    """Open the runtime, await ``operation(runtime)``, close it; returns its result."""
+    """Open the runtime, await ``operation(runtime)``, close it; returns its result.
+    With ``FORKPOINT_CLUSTER`` set, the runtime is the cluster's (the same operations)."""
     import asyncio
 
+    from forkpoint.config import cluster_address
     from forkpoint.runtime import Runtime
     from forkpoint.threads import use_fan_out_pool
+
+    if (address := cluster_address()) is not None:
+        on_cluster = cast("Runtime", cluster(address))
+
+        async def remotely() -> T:
+            return await operation(on_cluster)
+
+        return asyncio.run(remotely())
 
     async def main() -> T:
         use_fan_out_pool()
@@ -72,10 +84,21 @@ def parse_env(pairs: Sequence[str] | None) -> dict[str, str]:
     return env
 
 
+def cluster(address: str) -> ClusterRuntime:
+    """The cluster's runtime (``FORKPOINT_CLUSTER``): Ray is loaded only here."""
+    from forkpoint.cluster.runtime import ClusterRuntime
+
+    return ClusterRuntime(address)
+
+
 @contextmanager
 def queries() -> Iterator[Queries]:
     """The runtime's reads alone: no VM engine, no asyncio (``ls``/``show`` stay fast)."""
-    from forkpoint.config import home
+    from forkpoint.config import cluster_address, home
+
+    if (address := cluster_address()) is not None:
+        yield cast("Queries", cluster(address))
+        return
     from forkpoint.runtime.housekeeping.upkeep import due_to_pause
     from forkpoint.runtime.queries import Queries
     from forkpoint.store import Store

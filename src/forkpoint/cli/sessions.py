@@ -22,7 +22,7 @@ from forkpoint.cli._run import (
     spinner,
 )
 from forkpoint.cli._run import styled_state as _state
-from forkpoint.cli.core import list_sessions, queries
+from forkpoint.cli.core import cluster, list_sessions, queries
 from forkpoint.cli.options import (
     AllowNetOption,
     CpusOption,
@@ -37,6 +37,7 @@ from forkpoint.cli.options import (
 )
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, reports_errors
 from forkpoint.cli.warm import refill_after_create
+from forkpoint.config import cluster_address
 from forkpoint.errors import InvalidInput
 from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Expiry, SessionState
 
@@ -157,11 +158,15 @@ def ls_command(as_json: bool = JSON_OPTION) -> None:
         console.print("no sessions: create one with [bold]forkpoint create[/]")
         return
     table = Table(box=None, header_style="bold")
+    on_nodes = any(s.node for s in sessions)
+    if on_nodes:
+        table.add_column("NODE", no_wrap=True)
     for column in ("ID", "NAME", "IMAGE", "STATE", "CREATED", "FROM", "DISK", "EXPIRES"):
         table.add_column(column, no_wrap=True, justify="right" if column == "DISK" else "left")
     table.add_column("PORTS")
     for s in sessions:
         table.add_row(
+            *([s.node or ""] if on_nodes else []),
             s.id,
             escape(s.name or ""),
             escape(s.image),
@@ -190,6 +195,7 @@ def show_command(
         return
     rows = [
         ("id", s.id),
+        *([("node", escape(s.node))] if s.node else []),
         ("name", escape(s.name or "-")),
         ("state", _state(s.state) + (" (paused, its disk only)" if s.paused_on_disk else "")),
         ("image", escape(s.image)),
@@ -279,9 +285,26 @@ def rm_command(
 def port_command(
     session: Annotated[str, typer.Argument(help="Session id or name.")],
     guest_port: Annotated[int, typer.Argument(help="Port inside the guest (1-65535).")],
+    local_port: Annotated[
+        int,
+        typer.Option(
+            "--local-port",
+            min=0,
+            max=65535,
+            help="On a cluster: the port on this machine's 127.0.0.1 (default: any free).",
+        ),
+    ] = 0,  # fmt: skip
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Forward a guest port to 127.0.0.1 on the host (idempotent) and print its URL."""
+    """Forward a guest port to 127.0.0.1 on the host (idempotent) and print its URL.
+
+    On a cluster (FORKPOINT_CLUSTER), the session's ports stay on its node's loopback:
+    this serves the guest port on this machine's 127.0.0.1 instead, tunnelled through the
+    cluster to the session's node, until interrupted.
+    """
+    if (address := cluster_address()) is not None:
+        _tunnel(address, session, guest_port, local_port, as_json)
+        return
 
     async def op(runtime: Runtime) -> Port:
         return await runtime.forward_port(session, guest_port)
@@ -291,6 +314,23 @@ def port_command(
         emit_json(info)
         return
     console.print(f"port {info.guest_port} → {info.url}", highlight=False)
+
+
+def _tunnel(address: str, session: str, guest_port: int, local_port: int, as_json: bool) -> None:
+    import asyncio
+    import contextlib
+
+    from forkpoint.cluster.tunnel import serve_tunnel
+
+    def listening(port: int) -> None:
+        url = f"http://127.0.0.1:{port}"
+        if as_json:
+            emit_json({"session": session, "guest_port": guest_port, "url": url})
+        else:
+            console.print(f"port {guest_port} → {url} (tunnelled; Ctrl-C ends it)", highlight=False)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_tunnel(cluster(address), session, guest_port, local_port, listening))
 
 
 @reports_errors

@@ -195,12 +195,14 @@ OutputEncoding = Literal["text", "base64"]
 
 
 class SessionState(StrEnum):
-    """Lifecycle of a session. ``crashed``: its QEMU died without being asked to."""
+    """Lifecycle of a session. ``crashed``: its QEMU died without being asked to.
+    ``lost``: the cluster node it ran on is gone (``forkpoint recover`` revives it)."""
 
     CREATING = "creating"
     RUNNING = "running"
     STOPPED = "stopped"
     CRASHED = "crashed"
+    LOST = "lost"
 
 
 class Network(StrEnum):
@@ -439,6 +441,8 @@ class Session:
     keep_memory: bool = True
     #: Paused keeping only its disk: ``resume`` boots it anew from that disk.
     paused_on_disk: bool = False
+    #: The cluster node it runs on (None on one host).
+    node: str | None = None
 
     def port(self, guest_port: int) -> Port | None:
         """The forward of ``guest_port``, if there is one."""

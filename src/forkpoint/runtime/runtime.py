@@ -105,6 +105,7 @@ class Runtime(Queries):
         self.scratch_fork = restore.scratch_fork
         self.rollback = announce(restore.rollback, became(EventKind.ROLLED_BACK))
         self.recover = restore.recover
+        self.adopt = announce(restore.adopt, created)
         self.prepare_rollback = preparer.prepare_rollback
         self.scratch_sessions = context.scratch_sessions
         self.history = history.history

@@ -94,6 +94,20 @@ class Restore:
                 raise result
         return out
 
+    async def adopt(self, checkpoint: str, session_id: str, name: str | None) -> Session:
+        """Start ``checkpoint`` as the session ``session_id``, which this home never had:
+        a session of a cluster node that was lost, revived here from its latest checkpoint
+        (same id, name and processes; its guest ports forwarded to this host's loopback)."""
+        record, source = await asyncio.to_thread(fork_source, self.context.store, checkpoint)
+        await asyncio.to_thread(self.context.require_room, 1)
+        target = await fork_target(self.context, record, source)
+        return await self.sessions.start(
+            record, target.image, target.shape, name=name, guest_ports=target.guest_ports,
+            network=target.network, egress=policy_of(source).to_json() if source else {},
+            disk_mib=source.disk_mib if source else None, volumes=volumes_of(record),
+            session_id=session_id,
+        )  # fmt: skip
+
     async def scratch_fork(self, checkpoint: str) -> Session:
         """A session restored from ``checkpoint`` only to look at (a diff): no network,
         no ports, in ``context.scratch_sessions`` until the caller removes it."""

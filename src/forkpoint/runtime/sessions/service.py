@@ -220,13 +220,15 @@ class Sessions:
         warm: WarmRecord | None = None,
         scratch: bool = False,
         volumes: tuple[tuple[str, str], ...] = (),
+        session_id: str | None = None,
     ) -> Session:
         """Restore ``checkpoint`` as a new session; the caller has checked its manifest
         for ``shape`` (``RuntimeContext.manifest``). ``warm``: a warm VM taken for this create; it
         becomes the session (its id, uid and QEMU), or is discarded if the session cannot
         be made. ``scratch``: in ``context.scratch_sessions`` before its row can be listed
         (the page's grid once showed a diff's fork as one more fork). ``volumes``: the
-        ``(volume id, guest path)`` mounts its guest gets (a fork's: its checkpoint's)."""
+        ``(volume id, guest path)`` mounts its guest gets (a fork's: its checkpoint's).
+        ``session_id``: the id it takes (a session of another host, revived here)."""
         # The session row needs a layer row to point at; the checkpoint's own frozen
         # layer is a valid placeholder until the VM runs on its own top layer.
         fresh = SessionRecord.new(
@@ -237,6 +239,8 @@ class Sessions:
         )  # fmt: skip
         if warm is not None:
             fresh = dataclasses.replace(fresh, id=warm.id, uid=warm.uid)
+        elif session_id is not None:
+            fresh = dataclasses.replace(fresh, id=session_id)
         if scratch:
             self.context.scratch_sessions.add(fresh.id)
         # Locked before the row exists: a `creating` session whose lock is free has lost

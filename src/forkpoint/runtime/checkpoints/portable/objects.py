@@ -200,6 +200,26 @@ class S3Store:
                     out.write(chunk)
         self._received(key, size)
 
+    def keys(self, under: str) -> list[str]:
+        """Every key under ``under`` (relative to this store's prefix)."""
+        found: list[str] = []
+        start = len(self._key(""))
+        try:
+            with _s3_errors(f"LIST {under}"):
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=self._key(under)
+                )
+                for page in pages:
+                    found += [item["Key"][start:] for item in page.get("Contents", [])]
+        except NotFound:  # some servers answer 404 for a prefix nothing was written under
+            return []
+        return found
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (mutable records only: blobs and manifests are immutable)."""
+        with _s3_errors(f"DELETE {key}"):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
     def _received(self, key: str, size: int) -> None:
         self.counter.received_bytes += size
         self.counter.received_objects += 1

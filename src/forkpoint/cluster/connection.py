@@ -1,0 +1,73 @@
+"""Joining the Ray cluster as a client: its address, the token it demands, the store."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from forkpoint.errors import NotConfigured
+
+__all__ = [
+    "NAMESPACE",
+    "NODE_LABEL",
+    "SLOT",
+    "connect",
+    "daemon_name",
+    "require_token_auth",
+    "store_url",
+]
+
+#: Ray namespace of forkpoint's actors and placement groups.
+NAMESPACE = "forkpoint"
+#: The custom resource a node offers per VM it may run (``forkpoint cluster join --slots``).
+SLOT = "forkpoint_vm"
+#: The node label naming a forkpoint node (``ls`` and ``status`` show it).
+NODE_LABEL = "forkpoint.dev/node"
+
+
+def daemon_name(node_id: str) -> str:
+    """The named actor of the node daemon on Ray node ``node_id``."""
+    return f"node-{node_id}"
+
+
+def require_token_auth() -> None:
+    """A cluster runs untrusted guests: refuse one without Ray's token authentication.
+
+    :raises NotConfigured: ``RAY_AUTH_MODE`` is not ``token`` or no token is given."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        raise NotConfigured(
+            "forkpoint joins only a Ray cluster with token authentication: "
+            "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)"
+        )
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        raise NotConfigured("RAY_AUTH_MODE=token needs RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
+
+
+def store_url() -> str:
+    """The cluster's S3 store (checkpoints and session records), ``FORKPOINT_CLUSTER_STORE``.
+
+    :raises NotConfigured: unset."""
+    url = os.environ.get("FORKPOINT_CLUSTER_STORE", "").strip()
+    if not url:
+        raise NotConfigured(
+            "a cluster needs its S3 store: set FORKPOINT_CLUSTER_STORE=s3://BUCKET/PREFIX "
+            "(and AWS_ENDPOINT_URL and credentials for a self-hosted one)"
+        )
+    return url
+
+
+def connect(address: str) -> None:
+    """Connect this process to the Ray cluster at ``address`` (once per process).
+
+    :raises NotConfigured: no token authentication, or the cluster cannot be reached."""
+    import ray
+
+    require_token_auth()
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(
+            address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False
+        )
+    except (ConnectionError, ray.exceptions.AuthenticationError) as error:
+        raise NotConfigured(f"cannot join the Ray cluster at {address}: {error}") from None

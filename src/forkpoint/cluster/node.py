@@ -1,0 +1,155 @@
+"""The node daemon: a Ray actor per host, owning that host's ``$FORKPOINT_HOME``.
+
+It holds the host's local :class:`~forkpoint.runtime.Runtime` and does what it does —
+create, fork, checkpoint, remove, exec — for the cluster's clients, plus what only a
+cluster needs: a checkpoint fetched from the store before a fork (:meth:`fork`), a lost
+session revived under its own id (:meth:`adopt`), and byte streams to a guest port for
+the client's tunnel (:meth:`tunnel_open`), so a session's ports never leave its node's
+loopback. Its VMs outlive it, as they outlive a CLI: a restarted daemon finds them in
+the home's store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from forkpoint.errors import ForkpointError, NotFound
+
+if TYPE_CHECKING:
+    from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
+    from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult, Session
+
+__all__ = ["NodeDaemon"]
+
+
+class NodeDaemon:
+    def __init__(self, name: str, env: Mapping[str, str]) -> None:
+        os.environ.update(env)  # the joiner's home and store: this process is the daemon's
+        from forkpoint.cluster.connection import store_url
+        from forkpoint.runtime import Runtime
+        from forkpoint.threads import use_fan_out_pool
+
+        self.name = name
+        self.store = store_url()
+        self.runtime = Runtime.open()
+        self._started = False
+        self._pool = use_fan_out_pool
+        self._tunnels: dict[int, tuple[contextlib.AsyncExitStack, TunnelReader, TunnelWriter]]
+        self._tunnels = {}
+        self._ids = itertools.count(1)
+
+    def _ready(self) -> None:
+        if not self._started:  # the actor's event loop exists only once a call runs
+            self._pool()
+            self._started = True
+
+    async def info(self) -> dict[str, Any]:
+        """This node: its name, host, home and how many sessions run here."""
+        self._ready()
+        sessions = await asyncio.to_thread(self.runtime.list_sessions)
+        return {
+            "name": self.name,
+            "host": socket.gethostname(),
+            "home": str(self.runtime.home.root),
+            "sessions": len(sessions),
+        }
+
+    async def create(self, options: dict[str, Any]) -> Session:
+        self._ready()
+        return await self.runtime.create(**options)
+
+    async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
+        """``count`` forks of ``checkpoint``, pulled from the store first if this home
+        lacks it (with what it lacks of its lineage)."""
+        self._ready()
+        await self._have(checkpoint)
+        return await self.runtime.fork(checkpoint, count)
+
+    async def adopt(self, checkpoint: str, session_id: str, name: str | None) -> Session:
+        """Revive a lost session here: ``checkpoint`` restored under its id and name."""
+        self._ready()
+        await self._have(checkpoint)
+        return await self.runtime.adopt(checkpoint, session_id, name)
+
+    async def checkpoint(self, session: str, name: str | None, push: bool) -> Checkpoint:
+        """Checkpoint ``session``; with ``push``, into the store too (any node can then
+        restore it, and a lost session is revived from it)."""
+        self._ready()
+        made = await self.runtime.checkpoint(session, name=name)
+        if push:
+            await self.runtime.push_checkpoint(made.id, self.store)
+        return made
+
+    async def remove(self, session: str) -> str:
+        self._ready()
+        return await self.runtime.remove(session)
+
+    async def exec(
+        self, session: str, command: Sequence[str], options: dict[str, Any]
+    ) -> CommandResult:
+        self._ready()
+        return await self.runtime.exec(session, command, **options)
+
+    async def spawn(
+        self, session: str, command: Sequence[str], options: dict[str, Any]
+    ) -> BackgroundProcess:
+        self._ready()
+        return await self.runtime.spawn(session, command, **options)
+
+    async def sessions(self) -> list[Session]:
+        return await asyncio.to_thread(self.runtime.list_sessions)
+
+    async def get(self, session: str) -> Session:
+        return await asyncio.to_thread(self.runtime.get, session)
+
+    async def _have(self, checkpoint: str) -> None:
+        try:
+            await asyncio.to_thread(self.runtime.get_checkpoint, checkpoint)
+        except NotFound:
+            await self.runtime.pull_checkpoint(checkpoint, self.store)
+
+    # -- tunnels: a client's local listener reaches a guest port through these -----------
+
+    async def tunnel_open(self, session: str, guest_port: int) -> int:
+        """A byte stream to ``guest_port`` in the guest (over its agent: no forward, no
+        port on any host address); its id. :raises NotFound: nothing listens there."""
+        self._ready()
+        stack = contextlib.AsyncExitStack()
+        reader, writer = await stack.enter_async_context(
+            self.runtime.tcp_tunnel(session, guest_port)
+        )
+        tunnel = next(self._ids)
+        self._tunnels[tunnel] = (stack, reader, writer)
+        return tunnel
+
+    async def tunnel_send(self, tunnel: int, data: bytes) -> None:
+        """Bytes to the guest; ``b""``: the client's side closed (EOF)."""
+        _, _, writer = self._tunnel(tunnel)
+        if data:
+            writer.write(data)
+            await writer.drain()
+        else:
+            writer.write_eof()
+
+    async def tunnel_receive(self, tunnel: int) -> bytes:
+        """The guest's next bytes; ``b""`` at its EOF."""
+        _, reader, _ = self._tunnel(tunnel)
+        return await reader.read(1 << 16)
+
+    async def tunnel_close(self, tunnel: int) -> None:
+        entry = self._tunnels.pop(tunnel, None)
+        if entry is not None:
+            with contextlib.suppress(ForkpointError, OSError):
+                await entry[0].aclose()
+
+    def _tunnel(self, tunnel: int) -> tuple[Any, TunnelReader, TunnelWriter]:
+        try:
+            return self._tunnels[tunnel]
+        except KeyError:
+            raise NotFound(f"no tunnel {tunnel} on node {self.name}") from None

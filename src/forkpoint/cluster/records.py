@@ -1,0 +1,94 @@
+"""What the cluster knows of every session and checkpoint, kept in its S3 store.
+
+A node's own store is the truth about what runs there; these records are what survives
+the node: where a session ran, the placement-group bundle Ray reserved for it, the
+checkpoint it would be revived from. They live in the store (``cluster/sessions/<id>``,
+``cluster/checkpoints/<id>``), not in Ray's head, so neither a node's nor the head's loss
+loses them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+
+from forkpoint.errors import NotFound
+from forkpoint.runtime.checkpoints.portable.objects import S3Store
+
+__all__ = ["CheckpointEntry", "Records", "SessionEntry"]
+
+_SESSIONS = "cluster/sessions/"
+_CHECKPOINTS = "cluster/checkpoints/"
+
+
+@dataclass(frozen=True)
+class SessionEntry:
+    id: str
+    name: str | None
+    node: str  # Ray node id
+    group: str  # its placement group's name
+    bundle: int  # its bundle in that group
+    image: str
+    created_at: str
+    memory_mib: int
+    cpus: int
+    #: What it would be revived from: its latest checkpoint in the store, else the
+    #: checkpoint it started from (None: created from an image, nothing pushed yet).
+    revive_from: str | None = None
+
+    def moved(self, node: str) -> SessionEntry:
+        return replace(self, node=node)
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    id: str
+    name: str | None
+    node: str  # where it was taken
+    memory_mib: int
+    cpus: int
+    pushed: bool  # in the store: any node can restore it
+
+
+class Records:
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    def put_session(self, entry: SessionEntry) -> None:
+        self.store.put_bytes(_SESSIONS + entry.id, _encode(entry), overwrite=True)
+
+    def sessions(self) -> list[SessionEntry]:
+        return [
+            SessionEntry(**json.loads(self.store.get_bytes(key)))
+            for key in self.store.keys(_SESSIONS)
+        ]
+
+    def session(self, ref: str) -> SessionEntry:
+        """By id or name. :raises NotFound:"""
+        for entry in self.sessions():
+            if ref in (entry.id, entry.name):
+                return entry
+        raise NotFound(f"no session {ref!r} in the cluster")
+
+    def drop_session(self, session_id: str) -> None:
+        self.store.delete(_SESSIONS + session_id)
+
+    def put_checkpoint(self, entry: CheckpointEntry) -> None:
+        self.store.put_bytes(_CHECKPOINTS + entry.id, _encode(entry), overwrite=True)
+
+    def checkpoint(self, ref: str) -> CheckpointEntry:
+        """By id (one GET) or name. :raises NotFound:"""
+        if self.store.has(_CHECKPOINTS + ref):
+            return CheckpointEntry(**json.loads(self.store.get_bytes(_CHECKPOINTS + ref)))
+        for key in self.store.keys(_CHECKPOINTS):
+            entry = CheckpointEntry(**json.loads(self.store.get_bytes(key)))
+            if entry.name == ref:
+                return entry
+        raise NotFound(f"no checkpoint {ref!r} in the cluster")
+
+    def drop_checkpoint(self, checkpoint_id: str) -> None:
+        self.store.delete(_CHECKPOINTS + checkpoint_id)
+
+
+def _encode(entry: SessionEntry | CheckpointEntry) -> bytes:
+    return json.dumps(asdict(entry), sort_keys=True).encode()

@@ -1,0 +1,334 @@
+"""The cluster as the doors see it: the local runtime's operations, on many hosts.
+
+:class:`ClusterRuntime` offers the operations of :class:`~forkpoint.runtime.Runtime`
+that a cluster supports, under the same names and arguments, so a door given one works
+unchanged: ``create`` and ``fork`` ask Ray for room (:mod:`.placement`) and have the
+node Ray chose do the work; the others go to the node holding the session. An operation
+not offered yet fails with one clear line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from forkpoint.cluster.connection import NODE_LABEL, connect, daemon_name, store_url
+from forkpoint.cluster.placement import Strategy, bundle_nodes, release, reserve
+from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
+from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
+from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Network, Session, SessionState
+
+if TYPE_CHECKING:
+    from forkpoint.agent_client import OutputCallback
+    from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult
+
+__all__ = ["ClusterRuntime", "NodeView", "NodeLost"]
+
+
+class NodeLost(Conflict):
+    """The node holding a session is gone (``forkpoint recover`` revives its sessions)."""
+
+    code = "node_lost"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str  # Ray's node id
+    name: str  # its forkpoint name (label), else its address
+    address: str
+    alive: bool
+    resources: dict[str, float]
+
+
+class ClusterRuntime:
+    """forkpoint on the Ray cluster at ``address`` (``FORKPOINT_CLUSTER``)."""
+
+    def __init__(self, address: str) -> None:
+        from forkpoint.runtime.checkpoints.portable.objects import S3Store
+
+        connect(address)
+        self.address = address
+        self.records = Records(S3Store(store_url()))
+        #: Push every checkpoint to the store as it is taken (a lost session's latest).
+        self.push = os.environ.get("FORKPOINT_CLUSTER_PUSH", "1") != "0"
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def nodes(self) -> dict[str, NodeView]:
+        import ray
+
+        return {
+            str(n["NodeID"]): NodeView(
+                id=str(n["NodeID"]),
+                name=str(n.get("Labels", {}).get(NODE_LABEL) or n["NodeManagerAddress"]),
+                address=str(n["NodeManagerAddress"]),
+                alive=bool(n["Alive"]),
+                resources={k: float(v) for k, v in n.get("Resources", {}).items()},
+            )
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
+        }
+
+    def daemon(self, node: str) -> Any:
+        import ray
+
+        try:
+            return ray.get_actor(daemon_name(node))
+        except ValueError:
+            raise NodeLost(
+                f"node {self._name(node)} runs no forkpoint daemon "
+                "(gone, or never joined: `forkpoint cluster join` there)"
+            ) from None
+
+    def _name(self, node: str) -> str:
+        view = self.nodes().get(node)
+        return view.name if view else node[:12]
+
+    async def call(self, node: str, method: str, *args: Any) -> Any:
+        """``method`` of ``node``'s daemon; its ForkpointError raised here as itself."""
+        import ray
+
+        try:
+            return await getattr(self.daemon(node), method).remote(*args)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, ForkpointError):
+                raise error.cause from None
+            raise InternalError(f"node {self._name(node)}: {error.cause!r}") from None
+        except ray.exceptions.RayActorError:
+            raise NodeLost(f"node {self._name(node)} went away during {method}") from None
+
+    def _on(self, session: Session, node: str) -> Session:
+        return dataclasses.replace(session, node=self._name(node))
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        memory_mib: int = DEFAULT_MEMORY_MIB,
+        cpus: int = DEFAULT_CPUS,
+        name: str | None = None,
+        **options: Any,
+    ) -> Session:
+        """A session from an image, on the node Ray places it on."""
+        if name is not None and await asyncio.to_thread(self._named, name):
+            raise Conflict(f"a session named {name!r} exists in the cluster")
+        placement = await asyncio.to_thread(reserve, 1, memory_mib, cpus, Strategy.PACK)
+        node = placement.nodes[0]
+        try:
+            session = await self.call(
+                node, "create", dict(options, memory_mib=memory_mib, cpus=cpus, name=name)
+            )
+            await asyncio.to_thread(
+                self.records.put_session, _entry(session, node, placement.group, 0, None)
+            )
+        except BaseException:
+            await asyncio.to_thread(release, placement.group)
+            raise
+        return self._on(session, node)
+
+    async def fork(
+        self, checkpoint: str, count: int = 1, *, strategy: Strategy = Strategy.PACK
+    ) -> list[Session | ForkpointError]:
+        """``count`` forks of ``checkpoint``, placed by Ray in one request; a node that
+        lacks the checkpoint pulls it from the store (what it lacks of its lineage)."""
+        from forkpoint.requests import ForkRequest, parse
+
+        parse(ForkRequest, count=count)
+        source = await asyncio.to_thread(self.records.checkpoint, checkpoint)
+        placement = await asyncio.to_thread(
+            reserve, count, source.memory_mib, source.cpus, strategy
+        )
+        bundles: dict[str, list[int]] = {}
+        for index, node in enumerate(placement.nodes):
+            bundles.setdefault(node, []).append(index)
+        if not source.pushed and set(bundles) != {source.node}:
+            await asyncio.to_thread(release, placement.group)
+            raise Conflict(
+                f"checkpoint {source.id} is only on node {self._name(source.node)} "
+                "(taken with FORKPOINT_CLUSTER_PUSH=0): push it to fork it elsewhere"
+            )
+
+        async def on(node: str, slots: list[int]) -> list[tuple[int, Session | ForkpointError]]:
+            try:
+                made = await self.call(node, "fork", source.id, len(slots))
+            except ForkpointError as error:
+                made = [error] * len(slots)
+            out: list[tuple[int, Session | ForkpointError]] = []
+            for slot, result in zip(slots, made, strict=True):
+                if isinstance(result, Session):
+                    entry = _entry(result, node, placement.group, slot, source.id)
+                    await asyncio.to_thread(self.records.put_session, entry)
+                    result = self._on(result, node)
+                out.append((slot, result))
+            return out
+
+        placed = await asyncio.gather(*(on(n, slots) for n, slots in bundles.items()))
+        results = dict(pair for pairs in placed for pair in pairs)
+        if not any(isinstance(r, Session) for r in results.values()):
+            await asyncio.to_thread(release, placement.group)
+        return [results[i] for i in range(count)]
+
+    async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:
+        """Checkpoint a session on its node, and push it to the store as it is taken
+        (unless ``FORKPOINT_CLUSTER_PUSH=0``): its latest, to revive it from."""
+        entry = await asyncio.to_thread(self.live_entry, session)
+        made: Checkpoint = await self.call(entry.node, "checkpoint", entry.id, name, self.push)
+        record = CheckpointEntry(
+            made.id, made.name, entry.node, entry.memory_mib, entry.cpus, pushed=self.push
+        )
+        await asyncio.to_thread(self.records.put_checkpoint, record)
+        if self.push:
+            revived = dataclasses.replace(entry, revive_from=made.id)
+            await asyncio.to_thread(self.records.put_session, revived)
+        return made
+
+    async def remove(self, session: str) -> str:
+        """Remove a session (a lost one: its record and reservation)."""
+        entry = await asyncio.to_thread(self.records.session, session)
+        if self._alive(entry.node):
+            try:
+                await self.call(entry.node, "remove", entry.id)
+            except NotFound:
+                pass  # gone from its node already
+        await asyncio.to_thread(self.records.drop_session, entry.id)
+        # Dropped first, then looked for: of two removals racing, one sees the group empty.
+        if not any(e.group == entry.group for e in await asyncio.to_thread(self.records.sessions)):
+            await asyncio.to_thread(release, entry.group)
+        return entry.id
+
+    async def exec(
+        self,
+        session: str,
+        command: str | Sequence[str],
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        **options: Any,
+    ) -> CommandResult:
+        """Run a command on the session's node; its output is passed on once it ended."""
+        entry = await asyncio.to_thread(self.live_entry, session)
+        result: CommandResult = await self.call(entry.node, "exec", entry.id, command, options)
+        if on_stdout is not None and result.stdout:
+            await on_stdout(result.stdout_bytes)
+        if on_stderr is not None and result.stderr:
+            await on_stderr(result.stderr_bytes)
+        return result
+
+    async def spawn(
+        self, session: str, command: str | Sequence[str], **options: Any
+    ) -> BackgroundProcess:
+        """Start a command in the background on the session's node."""
+        entry = await asyncio.to_thread(self.live_entry, session)
+        started: BackgroundProcess = await self.call(
+            entry.node, "spawn", entry.id, command, options
+        )
+        return started
+
+    async def recover(self) -> list[Session | ForkpointError]:
+        """Revive every lost session where Ray moved its reservation when its node died,
+        from its latest checkpoint in the store: same id, name and processes."""
+        out: list[Session | ForkpointError] = []
+        for entry in await asyncio.to_thread(self.records.sessions):
+            if self._alive(entry.node):
+                continue
+            try:
+                out.append(await self._revive(entry))
+            except ForkpointError as error:
+                out.append(error)
+        return out
+
+    async def _revive(self, entry: SessionEntry) -> Session:
+        if entry.revive_from is None:
+            raise Conflict(f"{entry.id} has no checkpoint in the store to be revived from")
+        node = (await asyncio.to_thread(bundle_nodes, entry.group)).get(entry.bundle)
+        if node is None or not self._alive(node):
+            raise Conflict(
+                f"Ray has not placed {entry.id}'s reservation on a live node yet "
+                "(no node has room for it): retry when one has"
+            )
+        session: Session = await self.call(node, "adopt", entry.revive_from, entry.id, entry.name)
+        await asyncio.to_thread(self.records.put_session, entry.moved(node))
+        return self._on(session, node)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def list_sessions(self) -> list[Session]:
+        """Every session of the cluster; a lost node's are ``lost``."""
+        import ray
+
+        entries = self.records.sessions()
+        live: dict[str, Session] = {}
+        nodes = {e.node for e in entries if self._alive(e.node)}
+        answers = [(n, self.daemon(n).sessions.remote()) for n in nodes]
+        for node, answer in answers:
+            try:
+                live.update({s.id: self._on(s, node) for s in ray.get(answer)})
+            except ray.exceptions.RayError:
+                pass  # went away meanwhile: its sessions show as lost
+        return [live.get(e.id) or self._lost(e) for e in entries]
+
+    def get(self, session: str) -> Session:
+        """:raises NotFound:"""
+        import ray
+
+        entry = self.records.session(session)
+        if self._alive(entry.node):
+            try:
+                return self._on(ray.get(self.daemon(entry.node).get.remote(entry.id)), entry.node)
+            except ray.exceptions.RayError:
+                pass
+        return self._lost(entry)
+
+    def latest_metrics(self) -> dict[str, Any]:
+        return {}  # sampled by each node's own long-lived door, not gathered yet
+
+    def live_entry(self, session: str) -> SessionEntry:
+        entry = self.records.session(session)
+        if not self._alive(entry.node):
+            raise NodeLost(
+                f"{entry.id} was on node {self._name(entry.node)}, which is gone: "
+                "`forkpoint recover` revives it"
+            )
+        return entry
+
+    def _alive(self, node: str) -> bool:
+        view = self.nodes().get(node)
+        return view is not None and view.alive
+
+    def _named(self, name: str) -> bool:
+        return any(e.name == name for e in self.records.sessions())
+
+    def _lost(self, entry: SessionEntry) -> Session:
+        return Session(
+            id=entry.id, name=entry.name, image=entry.image, state=SessionState.LOST,
+            created_at=entry.created_at, parent_checkpoint=entry.revive_from,
+            memory_mib=entry.memory_mib, cpus=entry.cpus, network=Network.USER,
+            node=self._name(entry.node),
+        )  # fmt: skip
+
+    # -- the rest of the local runtime ---------------------------------------------------
+
+    async def expire(self) -> None:
+        """Lifetimes end on each node (its own doors' upkeep)."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise InvalidInput(
+            f"{name.replace('_', ' ')} is not available on a cluster yet "
+            "(unset FORKPOINT_CLUSTER to work on this host alone)"
+        )
+
+
+def _entry(
+    session: Session, node: str, group: str, bundle: int, revive_from: str | None
+) -> SessionEntry:
+    return SessionEntry(
+        id=session.id, name=session.name, node=node, group=group, bundle=bundle,
+        image=session.image, created_at=session.created_at, memory_mib=session.memory_mib,
+        cpus=session.cpus, revive_from=revive_from,
+    )  # fmt: skip
