@@ -266,18 +266,20 @@ def _verify_checkpoints(ids: list[str], as_json: bool) -> None:
 def recover_command(as_json: bool = JSON_OPTION) -> None:
     """Bring back every crashed session from its latest checkpoint (after a host restart).
 
-    Each is rolled back: same id, same ports. One that cannot be is reported in its
-    place; the exit code is that of the worst failure.
+    Each is rolled back: same id, same ports. On a cluster, every session lost with its
+    node is revived on the node Ray moved its reservation to: same id, same processes.
+    One that cannot be is reported in its place; the exit code is that of the worst failure.
     """
 
     async def op(runtime: Runtime) -> list[Session | ForkpointError]:
         return await runtime.recover()
 
-    with spinner("recovering crashed sessions…"), Timer() as timer:
+    what = "lost" if cluster_address() is not None else "crashed"
+    with spinner(f"recovering {what} sessions…"), Timer() as timer:
         results = run(op)
     ok = sum(not isinstance(r, ForkpointError) for r in results)
     headline = (
-        f"[bold green]recovered[/] {ok} of {len(results)} crashed session"
+        f"[bold green]recovered[/] {ok} of {len(results)} {what} session"
         f"{'s' if len(results) != 1 else ''} in {format_ms(timer.ms)}"
     )
     _report_sessions(

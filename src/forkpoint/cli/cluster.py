@@ -79,6 +79,12 @@ def join_command(
         f"home {info['home']}, {info['sessions']} session(s)",
         highlight=False,
     )
+    if info["removed_stale"]:  # revived elsewhere while this node was away
+        console.print(
+            f"removed {len(info['removed_stale'])} session(s) the cluster had revived "
+            f"elsewhere: {', '.join(info['removed_stale'])}",
+            highlight=False,
+        )
 
 
 @reports_errors

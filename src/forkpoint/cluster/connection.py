@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
+from typing import Any, TextIO
 
 from forkpoint.errors import NotConfigured
 
@@ -71,3 +74,22 @@ def connect(address: str) -> None:
         )
     except (ConnectionError, ray.exceptions.AuthenticationError) as error:
         raise NotConfigured(f"cannot join the Ray cluster at {address}: {error}") from None
+    if not isinstance(sys.stdout, _CommandsOwn):
+        sys.stdout = _CommandsOwn(sys.stdout, sys.stderr)
+
+
+class _CommandsOwn:
+    """stdout for this process's own output only: Ray's driver prints cluster events (a
+    node marked dead) on stdout from a thread of its own; they go to stderr, so a
+    command's ``--json`` stays one document."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self._out = out
+        self._err = err
+
+    def write(self, text: str) -> int:
+        own = threading.current_thread() is threading.main_thread()
+        return (self._out if own else self._err).write(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, buffer, isatty, encoding, ...
+        return getattr(self._out, name)

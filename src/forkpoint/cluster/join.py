@@ -74,8 +74,9 @@ def join(
         )
         .remote(name, env)
     )
+    stale = ray.get(daemon.reconcile.remote(node), timeout=_DAEMON_START_S)
     info: dict[str, Any] = ray.get(daemon.info.remote(), timeout=_DAEMON_START_S)
-    return dict(info, node_id=node)
+    return dict(info, node_id=node, removed_stale=stale)
 
 
 def _this_node(name: str) -> str:

@@ -60,6 +60,24 @@ class NodeDaemon:
             "sessions": len(sessions),
         }
 
+    async def reconcile(self, node: str) -> list[str]:
+        """Remove the sessions of this home that the cluster no longer places here (it
+        revived them elsewhere while this node was gone, or removed them); their ids.
+        A node's home belongs to the cluster."""
+        from forkpoint.cluster.records import Records
+        from forkpoint.runtime.checkpoints.portable.objects import S3Store
+
+        self._ready()
+        placed = {
+            e.id
+            for e in await asyncio.to_thread(Records(S3Store(self.store)).sessions)
+            if e.node == node
+        }
+        stale = [s.id for s in await self.sessions() if s.id not in placed]
+        for session in stale:
+            await self.runtime.remove(session)
+        return stale
+
     async def create(self, options: dict[str, Any]) -> Session:
         self._ready()
         return await self.runtime.create(**options)
@@ -101,6 +119,20 @@ class NodeDaemon:
     ) -> BackgroundProcess:
         self._ready()
         return await self.runtime.spawn(session, command, **options)
+
+    async def checkpoint_here(self, checkpoint: str) -> Checkpoint | None:
+        """This home's copy of ``checkpoint`` (taken or pulled here), if any."""
+        try:
+            return await asyncio.to_thread(self.runtime.get_checkpoint, checkpoint)
+        except NotFound:
+            return None
+
+    async def remove_checkpoint(self, checkpoint: str) -> bool:
+        """Remove this home's copy, if any. :raises InUse: a session here depends on it."""
+        if await self.checkpoint_here(checkpoint) is None:
+            return False
+        await self.runtime.remove_checkpoint(checkpoint)
+        return True
 
     async def sessions(self) -> list[Session]:
         return await asyncio.to_thread(self.runtime.list_sessions)

@@ -58,10 +58,13 @@ class Records:
         self.store.put_bytes(_SESSIONS + entry.id, _encode(entry), overwrite=True)
 
     def sessions(self) -> list[SessionEntry]:
-        return [
-            SessionEntry(**json.loads(self.store.get_bytes(key)))
-            for key in self.store.keys(_SESSIONS)
-        ]
+        found = []
+        for key in self.store.keys(_SESSIONS):
+            try:
+                found.append(SessionEntry(**json.loads(self.store.get_bytes(key))))
+            except NotFound:  # removed since it was listed
+                continue
+        return found
 
     def session(self, ref: str) -> SessionEntry:
         """By id or name. :raises NotFound:"""
@@ -81,7 +84,10 @@ class Records:
         if self.store.has(_CHECKPOINTS + ref):
             return CheckpointEntry(**json.loads(self.store.get_bytes(_CHECKPOINTS + ref)))
         for key in self.store.keys(_CHECKPOINTS):
-            entry = CheckpointEntry(**json.loads(self.store.get_bytes(key)))
+            try:
+                entry = CheckpointEntry(**json.loads(self.store.get_bytes(key)))
+            except NotFound:  # removed since it was listed
+                continue
             if entry.name == ref:
                 return entry
         raise NotFound(f"no checkpoint {ref!r} in the cluster")

@@ -14,7 +14,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from forkpoint.cluster.connection import NODE_LABEL, connect, daemon_name, store_url
 from forkpoint.cluster.placement import Strategy, bundle_nodes, release, reserve
@@ -71,6 +71,13 @@ class ClusterRuntime:
             )
             for n in ray.nodes()  # type: ignore[no-untyped-call]
         }
+
+    def forkpoint_nodes(self) -> list[str]:
+        """The live nodes a forkpoint daemon runs on."""
+        import ray
+
+        named = set(ray.util.list_named_actors())
+        return [n for n, v in self.nodes().items() if v.alive and daemon_name(n) in named]
 
     def daemon(self, node: str) -> Any:
         import ray
@@ -254,6 +261,16 @@ class ClusterRuntime:
         await asyncio.to_thread(self.records.put_session, entry.moved(node))
         return self._on(session, node)
 
+    async def remove_checkpoint(self, checkpoint: str) -> None:
+        """Remove a checkpoint from every live node that holds a copy, then its record
+        (its objects stay in the store: they are shared by content with others).
+
+        :raises InUse: sessions on a node depend on it (copies on other nodes may be gone)."""
+        entry = await asyncio.to_thread(self.records.checkpoint, checkpoint)
+        nodes = await asyncio.to_thread(self.forkpoint_nodes)
+        await asyncio.gather(*(self.call(n, "remove_checkpoint", entry.id) for n in nodes))
+        await asyncio.to_thread(self.records.drop_checkpoint, entry.id)
+
     # -- reads -----------------------------------------------------------------------------
 
     def list_sessions(self) -> list[Session]:
@@ -282,6 +299,21 @@ class ClusterRuntime:
             except ray.exceptions.RayError:
                 pass
         return self._lost(entry)
+
+    def get_checkpoint(self, checkpoint: str) -> Checkpoint:
+        """The checkpoint as the node it was taken on has it. :raises NotFound:"""
+        import ray
+
+        entry = self.records.checkpoint(checkpoint)
+        for node in dict.fromkeys([entry.node, *self.forkpoint_nodes()]):
+            if self._alive(node):
+                try:
+                    found = ray.get(self.daemon(node).checkpoint_here.remote(entry.id))
+                except (ray.exceptions.RayError, NodeLost):
+                    continue
+                if found is not None:
+                    return cast("Checkpoint", found)
+        raise NotFound(f"checkpoint {entry.id} is on no live node")
 
     def latest_metrics(self) -> dict[str, Any]:
         return {}  # sampled by each node's own long-lived door, not gathered yet
