@@ -13,7 +13,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils busybox-static mmdebstrap chromium pa
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup apt storage venv vendor bytecode image test security e2b-suite other-release other-release-smoke demo ui-shots lint bench faults load clean
+.PHONY: setup apt storage venv vendor bytecode image test cluster-test cluster-bench security e2b-suite other-release other-release-smoke demo ui-shots lint bench faults load clean
 
 setup: apt storage venv vendor bytecode image
 
@@ -60,6 +60,15 @@ image: apt venv storage
 
 test: setup
 	$(PY) -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
+
+# The cluster on Ray alone (make test runs it too): a head and three nodes in network
+# namespaces of their own, a real S3 server, the real ray (tests/cluster_net.py).
+cluster-test: setup
+	$(PY) -m pytest -q -ra tests/test_cluster.py tests/test_kubernetes_manifest.py
+
+# What the cluster costs against one host (placement, transfer, fork ×12 spread vs packed).
+cluster-bench: setup
+	$(PY) tests/cluster_bench.py bench-out
 
 # E2B's own SDK test suite, unmodified, where it lies (never copied here), run against a
 # fresh gateway with the e2b version forkpoint pins; tests/e2b_suite_expected.txt lists

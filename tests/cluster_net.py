@@ -47,6 +47,7 @@ def _in(ns: str, *argv: str) -> list[str]:
 class ClusterNet:
     root: Path  # node homes and the bucket's files
     nodes: tuple[str, ...] = ("n1", "n2", "n3")
+    slots: int = 6  # VMs a node offers
     token: str = field(default_factory=lambda: secrets.token_hex(32))
     _store: subprocess.Popen[bytes] | None = None
 
@@ -131,8 +132,8 @@ class ClusterNet:
             if not link.is_symlink():
                 link.symlink_to(real / shared)
         done = _sh(*_in(self.ns(node), str(_BIN / "forkpoint"), "cluster", "join",
-                        "--address", self.address, "--name", node, "--slots", "6",
-                        "--cpus", "6", "--json"),
+                        "--address", self.address, "--name", node, "--slots", str(self.slots),
+                        "--cpus", str(self.slots), "--json"),
                    env=self.env(FORKPOINT_HOME=str(h)), check=False)  # fmt: skip
         assert done.returncode == 0, f"join {node} failed: {done.stdout}{done.stderr}"
         return dict(json.loads(done.stdout))

@@ -17,6 +17,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,6 +153,24 @@ def test_sessions_are_placed_by_ray_and_outlive_their_node(cluster: ClusterNet) 
             assert store.list_sessions() == [], node
         finally:
             store.close()
+
+
+def test_a_cluster_without_token_authentication_is_refused() -> None:
+    """Guests run untrusted code: forkpoint never joins a Ray cluster anyone can drive."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["FORKPOINT_CLUSTER"] = "127.0.0.1:1"
+    forkpoint = str(Path(sys.executable).with_name("forkpoint"))
+    done = subprocess.run([forkpoint, "ls"], env=env, capture_output=True, text=True)
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.startswith("error: forkpoint joins only a Ray cluster with token")
+    assert "Traceback" not in done.stderr
+    env.pop("FORKPOINT_CLUSTER")
+    done = subprocess.run([forkpoint, "cluster", "status"], env=env, capture_output=True, text=True)
+    assert done.returncode == 4 and "no cluster: give --address" in done.stderr, done.stderr
 
 
 def test_one_host_use_never_loads_ray() -> None:

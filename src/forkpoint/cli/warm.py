@@ -117,8 +117,11 @@ def _after_result(
 ) -> None:
     """Start VMs ahead once the command's result is out, if ``wanted`` of the host's
     limits asks for any. A failure is reported on stderr; the command stands."""
+    from forkpoint.config import cluster_address
     from forkpoint.runtime.capacity import host_limits
 
+    if cluster_address() is not None:
+        return  # the VMs are the nodes': none start on the client's host
     try:
         if wanted(host_limits()) == 0:
             return

@@ -63,9 +63,9 @@ def connect(address: str) -> None:
     """Connect this process to the Ray cluster at ``address`` (once per process).
 
     :raises NotConfigured: no token authentication, or the cluster cannot be reached."""
+    require_token_auth()  # before Ray is even loaded
     import ray
 
-    require_token_auth()
     if ray.is_initialized():
         return
     try:

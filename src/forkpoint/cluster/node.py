@@ -23,7 +23,13 @@ from forkpoint.errors import ForkpointError, NotFound
 
 if TYPE_CHECKING:
     from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
-    from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult, Session
+    from forkpoint.models import (
+        BackgroundProcess,
+        Checkpoint,
+        CheckpointTransfer,
+        CommandResult,
+        Session,
+    )
 
 __all__ = ["NodeDaemon"]
 
@@ -140,11 +146,16 @@ class NodeDaemon:
     async def get(self, session: str) -> Session:
         return await asyncio.to_thread(self.runtime.get, session)
 
-    async def _have(self, checkpoint: str) -> None:
-        try:
-            await asyncio.to_thread(self.runtime.get_checkpoint, checkpoint)
-        except NotFound:
-            await self.runtime.pull_checkpoint(checkpoint, self.store)
+    async def _have(self, checkpoint: str) -> CheckpointTransfer | None:
+        """Pull ``checkpoint`` from the store unless this home has it; what moved."""
+        if await self.checkpoint_here(checkpoint) is not None:
+            return None
+        return await self.runtime.pull_checkpoint(checkpoint, self.store)
+
+    async def pull(self, checkpoint: str) -> CheckpointTransfer | None:
+        """Bring ``checkpoint`` here ahead of a fork (None: here already)."""
+        self._ready()
+        return await self._have(checkpoint)
 
     # -- tunnels: a client's local listener reaches a guest port through these -----------
 

@@ -20,7 +20,7 @@ from enum import StrEnum
 from forkpoint.cluster.connection import SLOT
 from forkpoint.errors import LimitExceeded
 
-__all__ = ["OVERHEAD_MIB", "Placement", "Strategy", "bundle_nodes", "release", "reserve"]
+__all__ = ["OVERHEAD_MIB", "Placement", "Strategy", "bundle_node", "release", "reserve"]
 
 #: What a VM uses beside its guest memory (QEMU, passt, the volume server), reserved too.
 OVERHEAD_MIB = 128
@@ -75,16 +75,17 @@ def reserve(count: int, memory_mib: int, cpus: int, strategy: Strategy) -> Place
     return Placement(name, tuple(str(table[i]) for i in range(count)))
 
 
-def bundle_nodes(group: str) -> dict[int, str | None]:
-    """Where each bundle of ``group`` is now (None: not placed: no node has room)."""
+def bundle_node(group: str, bundle: int) -> str | None:
+    """Where bundle ``bundle`` of ``group`` is now (None: not placed: no node has room)."""
     import ray
     from ray.util.placement_group import placement_group_table
 
     try:
         table = placement_group_table(ray.util.get_placement_group(group))
     except ValueError:  # removed
-        return {}
-    return {int(i): (str(n) if n else None) for i, n in table["bundles_to_node_id"].items()}
+        return None
+    node = table["bundles_to_node_id"].get(bundle)
+    return str(node) if node else None
 
 
 def release(group: str) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from forkpoint.cluster.connection import NODE_LABEL, connect, daemon_name, store_url
-from forkpoint.cluster.placement import Strategy, bundle_nodes, release, reserve
+from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
 from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Network, Session, SessionState
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult
 
 __all__ = ["ClusterRuntime", "NodeView", "NodeLost"]
+
+_NODES_FRESH_S = 1.0
 
 
 class NodeLost(Conflict):
@@ -55,13 +58,18 @@ class ClusterRuntime:
         self.records = Records(S3Store(store_url()))
         #: Push every checkpoint to the store as it is taken (a lost session's latest).
         self.push = os.environ.get("FORKPOINT_CLUSTER_PUSH", "1") != "0"
+        self._nodes: tuple[float, dict[str, NodeView]] | None = None
 
     # -- nodes -----------------------------------------------------------------------------
 
     def nodes(self) -> dict[str, NodeView]:
+        """Ray's nodes, asked at most once a second (a listing names each session's)."""
         import ray
 
-        return {
+        now = time.monotonic()
+        if self._nodes is not None and now - self._nodes[0] < _NODES_FRESH_S:
+            return self._nodes[1]
+        views = {
             str(n["NodeID"]): NodeView(
                 id=str(n["NodeID"]),
                 name=str(n.get("Labels", {}).get(NODE_LABEL) or n["NodeManagerAddress"]),
@@ -71,6 +79,8 @@ class ClusterRuntime:
             )
             for n in ray.nodes()  # type: ignore[no-untyped-call]
         }
+        self._nodes = (now, views)
+        return views
 
     def forkpoint_nodes(self) -> list[str]:
         """The live nodes a forkpoint daemon runs on."""
@@ -196,7 +206,7 @@ class ClusterRuntime:
     async def remove(self, session: str) -> str:
         """Remove a session (a lost one: its record and reservation)."""
         entry = await asyncio.to_thread(self.records.session, session)
-        if self._alive(entry.node):
+        if await asyncio.to_thread(self._alive, entry.node):
             try:
                 await self.call(entry.node, "remove", entry.id)
             except NotFound:
@@ -240,7 +250,7 @@ class ClusterRuntime:
         from its latest checkpoint in the store: same id, name and processes."""
         out: list[Session | ForkpointError] = []
         for entry in await asyncio.to_thread(self.records.sessions):
-            if self._alive(entry.node):
+            if await asyncio.to_thread(self._alive, entry.node):
                 continue
             try:
                 out.append(await self._revive(entry))
@@ -251,8 +261,8 @@ class ClusterRuntime:
     async def _revive(self, entry: SessionEntry) -> Session:
         if entry.revive_from is None:
             raise Conflict(f"{entry.id} has no checkpoint in the store to be revived from")
-        node = (await asyncio.to_thread(bundle_nodes, entry.group)).get(entry.bundle)
-        if node is None or not self._alive(node):
+        node = await asyncio.to_thread(bundle_node, entry.group, entry.bundle)
+        if node is None or not await asyncio.to_thread(self._alive, node):
             raise Conflict(
                 f"Ray has not placed {entry.id}'s reservation on a live node yet "
                 "(no node has room for it): retry when one has"
