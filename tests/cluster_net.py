@@ -193,7 +193,8 @@ class ClusterNet:
         return json.loads(self.cli(*args, "--json").stdout)
 
     def ray_status(self) -> str:
-        return _sh(*_in(_HEAD, str(_BIN / "ray"), "status"), env=self.env()).stdout
+        argv = _in(_HEAD, str(_BIN / "ray"), "status", "--address", self.address)
+        return _sh(*argv, env=self.env()).stdout
 
     def head(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A command in the head's namespace (curl through a tunnel)."""

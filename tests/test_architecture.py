@@ -53,7 +53,16 @@ ALLOWED: dict[str, set[str]] = {
         "faults",
     },
     # many hosts on Ray: node daemons hold a runtime each; clients hold ClusterRuntime
-    "cluster": {"runtime", "models", "requests", "errors", "config", "agent_client", "threads"},
+    "cluster": {
+        "runtime",
+        "vm",
+        "models",
+        "requests",
+        "errors",
+        "config",
+        "agent_client",
+        "threads",
+    },
     # the operations, declared once; the runtime only for the calls' types
     "api": {"models", "requests", "runtime", "errors", "config"},
     # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).

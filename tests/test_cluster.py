@@ -26,6 +26,7 @@ from cluster_net import ClusterNet
 from forkpoint.config import Home, home
 from forkpoint.runtime.housekeeping.invariants import check_home
 from forkpoint.store import Store
+from forkpoint.vm import qemu_build
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(420)]
 
@@ -104,6 +105,10 @@ def test_sessions_are_placed_by_ray_and_outlive_their_node(cluster: ClusterNet) 
     _ray_reserves(net, 7.0)
     status = net.json("cluster", "status")
     assert status["reservations"] == 7
+    nodes = {n["name"]: n for n in status["nodes"] if n["daemon"]}
+    assert sorted(nodes) == ["n1", "n2", "n3"]
+    assert {n["qemu"] for n in nodes.values()} == {qemu_build().digest}  # forks go there only
+    assert sum(n["slots_reserved"] for n in nodes.values()) == 7
     for fork in forks:
         assert fork["parent_checkpoint"] == checkpoint["id"]
         _serves(net, fork["id"], pid)

@@ -53,6 +53,8 @@ def test_the_ray_cluster_is_what_forkpoint_needs() -> None:
     assert "redisAddress" in spec["gcsFaultToleranceOptions"]
     (workers,) = spec["workerGroupSpecs"]
     assert "forkpoint_vm" in workers["rayStartParams"]["resources"]
+    labels = workers["rayStartParams"]["labels"]
+    assert "forkpoint.dev/node=" in labels and "forkpoint.dev/qemu=" in labels
     pod = workers["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e for e in container["env"]}

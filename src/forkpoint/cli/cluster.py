@@ -102,11 +102,11 @@ def status_command(
         emit_json(status)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("NODE", "ADDRESS", "STATE", "SESSIONS", "SLOTS", "MEMORY MIB", "CPUS"):
+    for column in ("NODE", "ADDRESS", "STATE", "QEMU", "SESSIONS", "SLOTS", "MEMORY MIB", "CPUS"):
         table.add_column(column, no_wrap=True)
     for node in status.nodes:
         table.add_row(
-            node.name, node.address, _state(node), str(node.sessions),
+            node.name, node.address, _state(node), node.qemu or "-", str(node.sessions),
             f"{node.slots_reserved}/{node.slots}",
             f"{node.memory_reserved_mib}/{node.memory_mib}",
             f"{node.cpus_reserved:g}/{node.cpus:g}",

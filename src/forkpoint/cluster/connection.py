@@ -13,6 +13,7 @@ from forkpoint.errors import NotConfigured
 __all__ = [
     "NAMESPACE",
     "NODE_LABEL",
+    "QEMU_LABEL",
     "SLOT",
     "connect",
     "daemon_name",
@@ -26,6 +27,9 @@ NAMESPACE = "forkpoint"
 SLOT = "forkpoint_vm"
 #: The node label naming a forkpoint node (``ls`` and ``status`` show it).
 NODE_LABEL = "forkpoint.dev/node"
+#: The node label of its QEMU build (sha256 prefix of the binary): a checkpoint restores
+#: only under the build that took it, so forks are placed on nodes with that label.
+QEMU_LABEL = "forkpoint.dev/qemu"
 
 
 def daemon_name(node_id: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from forkpoint.cluster.connection import (
     NODE_LABEL,
+    QEMU_LABEL,
     SLOT,
     connect,
     daemon_name,
@@ -48,10 +49,13 @@ def join(
 
     :raises NotConfigured: no token authentication or store; :raises InternalError:
         ``ray start`` failed."""
+    from forkpoint.vm import qemu_build
+
     require_token_auth()
     store_url()
+    labels = {NODE_LABEL: name, QEMU_LABEL: qemu_build().digest}
     if start_ray:
-        _start_ray(address, name, slots, cpus)
+        _start_ray(address, labels, slots, cpus)
     connect(address)
 
     import ray
@@ -59,7 +63,7 @@ def join(
 
     from forkpoint.cluster.node import NodeDaemon
 
-    node = _this_node(name)
+    node = _this_node(labels)
     env = {k: os.environ[k] for k in _PASSED if k in os.environ}
     env["FORKPOINT_HOME"] = str(home().root)
     daemon: Any = (
@@ -79,24 +83,37 @@ def join(
     return dict(info, node_id=node, removed_stale=stale)
 
 
-def _this_node(name: str) -> str:
-    """The Ray node of this host: the live one labelled ``name`` (a driver's own node id
-    can be another raylet's where several share a machine, as in the tests)."""
+def _this_node(labels: dict[str, str]) -> str:
+    """The Ray node of this host: the live one labelled with its name (a driver's own
+    node id can be another raylet's where several share a machine, as in the tests), and
+    with this host's QEMU build.
+
+    :raises NotConfigured: no such node, or its labels are not this host's."""
     import ray
 
+    wanted = _label_arg(labels)
     for node in ray.nodes():  # type: ignore[no-untyped-call]
-        if node["Alive"] and node.get("Labels", {}).get(NODE_LABEL) == name:
+        has = node.get("Labels", {})
+        if node["Alive"] and has.get(NODE_LABEL) == labels[NODE_LABEL]:
+            if any(has.get(k) != v for k, v in labels.items()):
+                raise NotConfigured(f"this host's Ray node must be labelled {wanted}")
             return str(node["NodeID"])
     raise NotConfigured(
-        f"no live Ray node is labelled {NODE_LABEL}={name}: start this host's Ray node with "
-        f"`--labels {NODE_LABEL}={name}` (or let `forkpoint cluster join` start it)"
+        f"no live Ray node is labelled {NODE_LABEL}={labels[NODE_LABEL]}: start this host's "
+        f"Ray node with `--labels {wanted}` (or let `forkpoint cluster join` start it)"
     )
 
 
-def _start_ray(address: str, name: str, slots: int, cpus: int | None) -> None:
+def _label_arg(labels: dict[str, str]) -> str:
+    """``ray start --labels``'s form: ``k1=v1,k2=v2``."""
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def _start_ray(address: str, labels: dict[str, str], slots: int, cpus: int | None) -> None:
     argv = [
         str(Path(sys.executable).with_name("ray")), "start", "--address", address,
-        "--resources", json.dumps({SLOT: slots}), "--labels", f"{NODE_LABEL}={name}",
+        "--resources", json.dumps({SLOT: slots}),
+        "--labels", _label_arg(labels),
         "--disable-usage-stats",
     ]  # fmt: skip
     if cpus is not None:

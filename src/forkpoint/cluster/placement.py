@@ -14,6 +14,7 @@ session where its bundle now is.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -44,8 +45,15 @@ def bundle(memory_mib: int, cpus: int) -> dict[str, float]:
     return {"CPU": float(cpus), "memory": float((memory_mib + OVERHEAD_MIB) << 20), SLOT: 1.0}
 
 
-def reserve(count: int, memory_mib: int, cpus: int, strategy: Strategy) -> Placement:
-    """Reserve ``count`` sessions' room in one request; Ray places them.
+def reserve(
+    count: int,
+    memory_mib: int,
+    cpus: int,
+    strategy: Strategy,
+    on_nodes_labelled: Mapping[str, str] | None = None,
+) -> Placement:
+    """Reserve ``count`` sessions' room in one request; Ray places them, on nodes with
+    the labels ``on_nodes_labelled`` if given (a checkpoint's QEMU build).
 
     :raises LimitExceeded: Ray found no room for them in time (nothing stays reserved)."""
     import ray
@@ -61,14 +69,16 @@ def reserve(count: int, memory_mib: int, cpus: int, strategy: Strategy) -> Place
         strategy=strategy.value.upper(),
         name=name,
         lifetime="detached",  # outlives the client that asked
+        bundle_label_selector=[dict(on_nodes_labelled)] * count if on_nodes_labelled else None,
     )
     try:
         ray.get(group.ready(), timeout=_PLACE_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
+        where = "".join(f" labelled {k}={v}" for k, v in (on_nodes_labelled or {}).items())
         raise LimitExceeded(
             f"the cluster has no room for {count} session(s) of {memory_mib} MiB and "
-            f"{cpus} vCPU: Ray placed none within {_PLACE_TIMEOUT_S:.0f} s "
+            f"{cpus} vCPU on nodes{where}: Ray placed none within {_PLACE_TIMEOUT_S:.0f} s "
             "(`forkpoint cluster status` shows what is reserved)"
         ) from None
     table = placement_group_table(group)["bundles_to_node_id"]

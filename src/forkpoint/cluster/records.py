@@ -48,6 +48,7 @@ class CheckpointEntry:
     memory_mib: int
     cpus: int
     pushed: bool  # in the store: any node can restore it
+    qemu: str | None = None  # the QEMU build that took it (restores only under it)
 
 
 class Records:

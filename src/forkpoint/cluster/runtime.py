@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from forkpoint.cluster.connection import NODE_LABEL, connect, daemon_name, store_url
+from forkpoint.cluster.connection import (
+    NODE_LABEL,
+    QEMU_LABEL,
+    connect,
+    daemon_name,
+    store_url,
+)
 from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
@@ -45,6 +51,7 @@ class NodeView:
     address: str
     alive: bool
     resources: dict[str, float]
+    labels: dict[str, str]
 
 
 class ClusterRuntime:
@@ -76,6 +83,7 @@ class ClusterRuntime:
                 address=str(n["NodeManagerAddress"]),
                 alive=bool(n["Alive"]),
                 resources={k: float(v) for k, v in n.get("Resources", {}).items()},
+                labels={str(k): str(v) for k, v in n.get("Labels", {}).items()},
             )
             for n in ray.nodes()  # type: ignore[no-untyped-call]
         }
@@ -156,8 +164,9 @@ class ClusterRuntime:
 
         parse(ForkRequest, count=count)
         source = await asyncio.to_thread(self.records.checkpoint, checkpoint)
+        same_build = {QEMU_LABEL: source.qemu} if source.qemu else None
         placement = await asyncio.to_thread(
-            reserve, count, source.memory_mib, source.cpus, strategy
+            reserve, count, source.memory_mib, source.cpus, strategy, same_build
         )
         bundles: dict[str, list[int]] = {}
         for index, node in enumerate(placement.nodes):
@@ -194,8 +203,9 @@ class ClusterRuntime:
         (unless ``FORKPOINT_CLUSTER_PUSH=0``): its latest, to revive it from."""
         entry = await asyncio.to_thread(self.live_entry, session)
         made: Checkpoint = await self.call(entry.node, "checkpoint", entry.id, name, self.push)
+        qemu = self.nodes()[entry.node].labels.get(QEMU_LABEL)
         record = CheckpointEntry(
-            made.id, made.name, entry.node, entry.memory_mib, entry.cpus, pushed=self.push
+            made.id, made.name, entry.node, entry.memory_mib, entry.cpus, self.push, qemu
         )
         await asyncio.to_thread(self.records.put_checkpoint, record)
         if self.push:

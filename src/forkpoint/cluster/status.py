@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forkpoint.cluster.connection import SLOT, daemon_name
+from forkpoint.cluster.connection import QEMU_LABEL, SLOT, daemon_name
 from forkpoint.cluster.placement import reservations
 from forkpoint.cluster.runtime import ClusterRuntime
 
@@ -20,6 +20,7 @@ class NodeStatus:
     address: str
     alive: bool
     daemon: bool  # a forkpoint node daemon runs there
+    qemu: str | None  # its QEMU build (label): checkpoints fork only onto the same
     sessions: int
     slots: int
     slots_reserved: int
@@ -62,6 +63,7 @@ def cluster_status(cluster: ClusterRuntime) -> ClusterStatus:
                 address=view.address,
                 alive=view.alive,
                 daemon=daemon_name(view.id) in named,
+                qemu=view.labels.get(QEMU_LABEL),
                 sessions=sum(e.node == view.id for e in sessions),
                 slots=int(total.get(SLOT, 0)),
                 slots_reserved=int(held.get(SLOT, 0)),
