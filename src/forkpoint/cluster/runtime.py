@@ -10,6 +10,7 @@ not offered yet fails with one clear line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
@@ -144,16 +145,16 @@ class ClusterRuntime:
         placement = await asyncio.to_thread(reserve, 1, memory_mib, cpus, Strategy.PACK)
         node = placement.nodes[0]
         try:
-            session = await self.call(
+            made = await self.call(
                 node, "create", dict(options, memory_mib=memory_mib, cpus=cpus, name=name)
             )
-            await asyncio.to_thread(
-                self.records.put_session, _entry(session, node, placement.group, 0, None)
-            )
+            session = await self._record(made, node, placement.group, 0, None)
+            if isinstance(session, ForkpointError):
+                raise session
         except BaseException:
             await asyncio.to_thread(release, placement.group)
             raise
-        return self._on(session, node)
+        return session
 
     async def fork(
         self, checkpoint: str, count: int = 1, *, strategy: Strategy = Strategy.PACK
@@ -186,9 +187,7 @@ class ClusterRuntime:
             out: list[tuple[int, Session | ForkpointError]] = []
             for slot, result in zip(slots, made, strict=True):
                 if isinstance(result, Session):
-                    entry = _entry(result, node, placement.group, slot, source.id)
-                    await asyncio.to_thread(self.records.put_session, entry)
-                    result = self._on(result, node)
+                    result = await self._record(result, node, placement.group, slot, source.id)
                 out.append((slot, result))
             return out
 
@@ -197,6 +196,20 @@ class ClusterRuntime:
         if not any(isinstance(r, Session) for r in results.values()):
             await asyncio.to_thread(release, placement.group)
         return [results[i] for i in range(count)]
+
+    async def _record(
+        self, session: Session, node: str, group: str, bundle: int, revive_from: str | None
+    ) -> Session | ForkpointError:
+        """Record a session just made on ``node``; if the store refuses, the session goes
+        (a session the cluster has no record of would be nobody's)."""
+        entry = _entry(session, node, group, bundle, revive_from)
+        try:
+            await asyncio.to_thread(self.records.put_session, entry)
+        except ForkpointError as error:
+            with contextlib.suppress(ForkpointError):
+                await self.call(node, "remove", session.id)
+            return error
+        return self._on(session, node)
 
     async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:
         """Checkpoint a session on its node, and push it to the store as it is taken
