@@ -99,6 +99,14 @@ def test_sessions_are_placed_by_ray_and_outlive_their_node(cluster: ClusterNet) 
     net.cli("exec", source["id"], "--", "sh", "-c", wait + "; exit 1")
     checkpoint = net.json("checkpoint", source["id"], "--name", "ready")
 
+    # A lifetime ends on its node, as on one host; the cluster then forgets the session
+    # and gives its reservation back.
+    expiring = net.json("create", "--memory", "256", "--timeout", "3")
+    deadline = time.monotonic() + 60
+    while expiring["id"] in {s["id"] for s in net.json("ls")}:
+        assert time.monotonic() < deadline, "a session outlived its --timeout"
+        time.sleep(1)
+
     forks = net.json("fork", "ready", "--count", "6", "--spread")
     assert all("id" in f for f in forks), forks
     assert _by_node(forks) == {"n1": 2, "n2": 2, "n3": 2}

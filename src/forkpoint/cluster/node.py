@@ -52,7 +52,11 @@ class NodeDaemon:
 
     def _ready(self) -> None:
         if not self._started:  # the actor's event loop exists only once a call runs
+            from forkpoint.runtime.housekeeping.reaper import reap_forever
+
             self._pool()
+            # Lifetimes end on time and metrics are sampled, as beside `forkpoint serve`.
+            self._reaper = asyncio.get_running_loop().create_task(reap_forever(self.runtime))
             self._started = True
 
     async def info(self) -> dict[str, Any]:

@@ -314,12 +314,16 @@ class ClusterRuntime:
         live: dict[str, Session] = {}
         nodes = {e.node for e in entries if self._alive(e.node)}
         answers = [(n, self.daemon(n).sessions.remote()) for n in nodes]
+        answered = set()
         for node, answer in answers:
             try:
                 live.update({s.id: self._on(s, node) for s in ray.get(answer)})
+                answered.add(node)
             except ray.exceptions.RayError:
                 pass  # went away meanwhile: its sessions show as lost
-        return [live.get(e.id) or self._lost(e) for e in entries]
+        gone = [e for e in entries if e.node in answered and e.id not in live]
+        self._forget(gone, entries)
+        return [live.get(e.id) or self._lost(e) for e in entries if e not in gone]
 
     def get(self, session: str) -> Session:
         """:raises NotFound:"""
@@ -329,9 +333,23 @@ class ClusterRuntime:
         if self._alive(entry.node):
             try:
                 return self._on(ray.get(self.daemon(entry.node).get.remote(entry.id)), entry.node)
+            except ray.exceptions.RayTaskError as error:
+                if not isinstance(error.cause, NotFound):
+                    raise InternalError(f"node {self._name(entry.node)}: {error.cause!r}") from None
+                self._forget([entry], self.records.sessions())  # its lifetime ended there
+                raise NotFound(f"no session {session!r} in the cluster") from None
             except ray.exceptions.RayError:
-                pass
+                pass  # went away meanwhile: lost
         return self._lost(entry)
+
+    def _forget(self, gone: list[SessionEntry], entries: list[SessionEntry]) -> None:
+        """Drop the records of sessions their live node no longer has (its lifetime ended
+        there), and the reservations no other session holds."""
+        for entry in gone:
+            self.records.drop_session(entry.id)
+        kept = {e.group for e in entries if e not in gone}
+        for group in {e.group for e in gone} - kept:
+            release(group)
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         """The checkpoint as the node it was taken on has it. :raises NotFound:"""
