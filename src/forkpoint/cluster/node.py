@@ -39,25 +39,25 @@ class NodeDaemon:
         os.environ.update(env)  # the joiner's home and store: this process is the daemon's
         from forkpoint.cluster.connection import store_url
         from forkpoint.runtime import Runtime
-        from forkpoint.threads import use_fan_out_pool
 
         self.name = name
         self.store = store_url()
         self.runtime = Runtime.open()
-        self._started = False
-        self._pool = use_fan_out_pool
+        self._reaper: asyncio.Task[None] | None = None
         self._tunnels: dict[int, tuple[contextlib.AsyncExitStack, TunnelReader, TunnelWriter]]
         self._tunnels = {}
         self._ids = itertools.count(1)
 
     def _ready(self) -> None:
-        if not self._started:  # the actor's event loop exists only once a call runs
+        """Once, in the actor's event loop (it exists only once a call runs): the fan-out
+        pool, and the reaper — lifetimes end on time and metrics are sampled, as beside
+        ``forkpoint serve``."""
+        if self._reaper is None:
             from forkpoint.runtime.housekeeping.reaper import reap_forever
+            from forkpoint.threads import use_fan_out_pool
 
-            self._pool()
-            # Lifetimes end on time and metrics are sampled, as beside `forkpoint serve`.
+            use_fan_out_pool()
             self._reaper = asyncio.get_running_loop().create_task(reap_forever(self.runtime))
-            self._started = True
 
     async def info(self) -> dict[str, Any]:
         """This node: its name, host, home and how many sessions run here."""
