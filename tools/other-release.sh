@@ -104,7 +104,10 @@ if [ $# -eq 0 ] || [ "$1" = --smoke ]; then
       make -s VENV=/root/venv setup
       /root/venv/bin/python -m pytest -q -ra -p no:cacheprovider -m smoke
     else
-      make -s VENV=/root/venv test PYTEST_ARGS="-p no:cacheprovider"
+      # The cluster scenario (Ray nodes in network namespaces, ≈ 3 min) runs on the host
+      # release only: the same Ray wheel on both, and CI has 90 minutes (it passed here
+      # when last run on both, 2026-12-07).
+      make -s VENV=/root/venv test PYTEST_ARGS="-p no:cacheprovider --ignore=tests/test_cluster.py"
     fi
   ' other-release "$tier"
 fi
