@@ -313,7 +313,8 @@ class ClusterRuntime:
         entries = self.records.sessions()
         live: dict[str, Session] = {}
         nodes = {e.node for e in entries if self._alive(e.node)}
-        answers = [(n, self.daemon(n).sessions.remote()) for n in nodes]
+        daemons = set(self.forkpoint_nodes())  # one restarting answers nothing yet
+        answers = [(n, self.daemon(n).sessions.remote()) for n in nodes & daemons]
         answered = set()
         for node, answer in answers:
             try:
