@@ -80,8 +80,7 @@ class ClusterNet:
         self.stop()  # a run killed before its clean-up
         _sh("ip", "netns", "add", _HUB)
         _sh(*_in(_HUB, "ip", "link", "add", "br0", "type", "bridge"))
-        for ns in (_HUB,):
-            _sh(*_in(ns, "ip", "link", "set", "lo", "up"))
+        _sh(*_in(_HUB, "ip", "link", "set", "lo", "up"))
         _sh(*_in(_HUB, "ip", "link", "set", "br0", "up"))
         for i, ns in enumerate([_HEAD, *map(self.ns, self.nodes)], start=1):
             _sh("ip", "netns", "add", ns)
@@ -141,7 +140,10 @@ class ClusterNet:
     def power_off(self, node: str) -> None:
         """The host is gone: every process in its namespace (raylet, workers, the
         daemon, its VMs) killed at once."""
-        for pid in self.pids(self.ns(node)):
+        self._kill_all(self.ns(node))
+
+    def _kill_all(self, ns: str) -> None:
+        for pid in self.pids(ns):
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
@@ -166,11 +168,7 @@ class ClusterNet:
         namespaces = [_HEAD, *map(self.ns, self.nodes), _HUB]
         for ns in namespaces:
             if Path(f"/run/netns/{ns}").exists():
-                for pid in self.pids(ns):
-                    try:
-                        os.kill(pid, 9)
-                    except ProcessLookupError:
-                        pass
+                self._kill_all(ns)
         for ns in namespaces:
             _sh("ip", "netns", "del", ns, check=False)
         if self._store is not None:

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -115,10 +115,24 @@ class ClusterRuntime:
 
     async def call(self, node: str, method: str, *args: Any) -> Any:
         """``method`` of ``node``'s daemon; its ForkpointError raised here as itself."""
+        with self._answer_of(node, method):
+            return await getattr(self.daemon(node), method).remote(*args)
+
+    def call_now(self, node: str, method: str, *args: Any) -> Any:
+        """:meth:`call`, blocking (the reads)."""
+        import ray
+
+        with self._answer_of(node, method):
+            return ray.get(getattr(self.daemon(node), method).remote(*args))
+
+    @contextlib.contextmanager
+    def _answer_of(self, node: str, method: str) -> Iterator[None]:
+        """A daemon's ForkpointError as itself; anything else it raised as InternalError;
+        its node gone meanwhile as NodeLost."""
         import ray
 
         try:
-            return await getattr(self.daemon(node), method).remote(*args)
+            yield
         except ray.exceptions.RayTaskError as error:
             if isinstance(error.cause, ForkpointError):
                 raise error.cause from None
@@ -312,9 +326,9 @@ class ClusterRuntime:
 
         entries = self.records.sessions()
         live: dict[str, Session] = {}
-        nodes = {e.node for e in entries if self._alive(e.node)}
-        daemons = set(self.forkpoint_nodes())  # one restarting answers nothing yet
-        answers = [(n, self.daemon(n).sessions.remote()) for n in nodes & daemons]
+        # The live nodes holding any; a daemon restarting answers nothing yet.
+        nodes = {e.node for e in entries} & set(self.forkpoint_nodes())
+        answers = [(n, self.daemon(n).sessions.remote()) for n in nodes]
         answered = set()
         for node, answer in answers:
             try:
@@ -328,18 +342,14 @@ class ClusterRuntime:
 
     def get(self, session: str) -> Session:
         """:raises NotFound:"""
-        import ray
-
         entry = self.records.session(session)
         if self._alive(entry.node):
             try:
-                return self._on(ray.get(self.daemon(entry.node).get.remote(entry.id)), entry.node)
-            except ray.exceptions.RayTaskError as error:
-                if not isinstance(error.cause, NotFound):
-                    raise InternalError(f"node {self._name(entry.node)}: {error.cause!r}") from None
+                return self._on(self.call_now(entry.node, "get", entry.id), entry.node)
+            except NotFound:
                 self._forget([entry], self.records.sessions())  # its lifetime ended there
                 raise NotFound(f"no session {session!r} in the cluster") from None
-            except ray.exceptions.RayError:
+            except NodeLost:
                 pass  # went away meanwhile: lost
         return self._lost(entry)
 
@@ -354,14 +364,12 @@ class ClusterRuntime:
 
     def get_checkpoint(self, checkpoint: str) -> Checkpoint:
         """The checkpoint as the node it was taken on has it. :raises NotFound:"""
-        import ray
-
         entry = self.records.checkpoint(checkpoint)
         for node in dict.fromkeys([entry.node, *self.forkpoint_nodes()]):
             if self._alive(node):
                 try:
-                    found = ray.get(self.daemon(node).checkpoint_here.remote(entry.id))
-                except (ray.exceptions.RayError, NodeLost):
+                    found = self.call_now(node, "checkpoint_here", entry.id)
+                except ForkpointError:  # NodeLost among them
                     continue
                 if found is not None:
                     return cast("Checkpoint", found)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forkpoint.cluster.connection import QEMU_LABEL, SLOT, daemon_name
+from forkpoint.cluster.connection import QEMU_LABEL, SLOT
 from forkpoint.cluster.placement import reservations
 from forkpoint.cluster.runtime import ClusterRuntime
 
@@ -39,8 +39,6 @@ class ClusterStatus:
 
 
 def cluster_status(cluster: ClusterRuntime) -> ClusterStatus:
-    import ray
-
     groups = reservations()
     reserved: dict[str, dict[str, float]] = {}
     bundles = 0
@@ -51,7 +49,7 @@ def cluster_status(cluster: ClusterRuntime) -> ClusterStatus:
             for key, amount in group["bundles"][index].items():  # type: ignore[index]
                 held[key] = held.get(key, 0.0) + float(amount)
     sessions = cluster.records.sessions()
-    named = set(ray.util.list_named_actors())
+    daemons = set(cluster.forkpoint_nodes())
     nodes = []
     for view in cluster.nodes().values():
         held = reserved.get(view.id, {})
@@ -62,7 +60,7 @@ def cluster_status(cluster: ClusterRuntime) -> ClusterStatus:
                 id=view.id,
                 address=view.address,
                 alive=view.alive,
-                daemon=daemon_name(view.id) in named,
+                daemon=view.id in daemons,
                 qemu=view.labels.get(QEMU_LABEL),
                 sessions=sum(e.node == view.id for e in sessions),
                 slots=int(total.get(SLOT, 0)),
