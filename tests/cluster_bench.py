@@ -80,9 +80,9 @@ async def _on_head(address: str) -> dict[str, Any]:
     mib = sum(p["bytes"] for p in pulls) / (1 << 20)
     out["pull_ms_per_mib"] = round(sum(p["ms"] for p in pulls) / mib, 1) if mib else None
 
-    for strategy in (Strategy.PACK, Strategy.SPREAD):
+    for strategy in Strategy:
         seconds, forks = await _timed(
-            lambda s=strategy: cluster.fork(checkpoint.id, 12, strategy=s)  # type: ignore[misc]
+            lambda s=strategy: cluster.fork(checkpoint.id, 12, spread=s == Strategy.SPREAD)  # type: ignore[misc]
         )
         nodes = sorted({f.node for f in forks if not isinstance(f, Exception)})
         failed = [str(f) for f in forks if isinstance(f, Exception)]

@@ -65,8 +65,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     # the operations, declared once; the runtime only for the calls' types
     "api": {"models", "requests", "runtime", "errors", "config"},
-    # sdk imports runtime and server only for its embedded mode, lazily (see test_sdk).
-    "sdk": {"api", "models", "runtime", "server", "protocol", "errors", "config"},
+    # sdk imports runtime, cluster and server only for its embedded mode, lazily (test_sdk).
+    "sdk": {"api", "models", "runtime", "cluster", "server", "protocol", "errors", "config"},
     # browser: the web page's screenshot thumbnails (server/ui.py), imported when asked
     "server": {
         "api",

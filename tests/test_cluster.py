@@ -12,8 +12,10 @@ home consistent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client, StdioServerParameters
 
 from cluster_net import ClusterNet
 from forkpoint.config import Home, home
+from forkpoint.errors import ForkpointError
 from forkpoint.runtime.housekeeping.invariants import check_home
+from forkpoint.sdk import Sandbox
 from forkpoint.store import Store
 from forkpoint.vm import qemu_build
 
@@ -32,6 +37,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(420)]
 
 _SERVER = "python3 -m http.server 8000"
 _LOST_WITHIN_S = 20.0
+_FORKPOINT = Path(sys.executable).with_name("forkpoint")
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +172,61 @@ def test_sessions_are_placed_by_ray_and_outlive_their_node(cluster: ClusterNet) 
             assert store.list_sessions() == [], node
         finally:
             store.close()
+
+
+def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
+    """``forkpoint serve`` and ``forkpoint mcp`` with ``FORKPOINT_CLUSTER`` set serve the
+    cluster: the SDK and the real MCP client place sessions through Ray as the CLI does,
+    and an operation the cluster does not offer yet answers one clear error."""
+    net = cluster
+    socket = net.root / "client" / "api.sock"
+    server = net.popen("serve", "--socket", str(socket))
+    made: list[Sandbox] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not socket.exists():
+            assert server.poll() is None, server.communicate()
+            assert time.monotonic() < deadline, "forkpoint serve never listened"
+            time.sleep(0.2)
+        url = f"unix:{socket}"
+        source = Sandbox.create(memory_mib=256, base_url=url)
+        made.append(source)
+        assert source.info.node in net.nodes
+        assert source.commands.run("echo placed").stdout == "placed\n"
+        checkpoint = source.checkpoint("doors")
+        forks = checkpoint.fork(2)
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        made += [f for f in forks if isinstance(f, Sandbox)]
+        listed = {s.id: s for s in Sandbox.list_sessions(base_url=url)}
+        assert set(listed) == {m.id for m in made}
+        assert all(s.node in net.nodes and s.state == "running" for s in listed.values())
+        with pytest.raises(ForkpointError, match="not available on a cluster yet"):
+            source.pause()
+
+        async def through_mcp() -> list[str]:
+            params = StdioServerParameters(
+                command="ip", args=["netns", "exec", net.ns("head"), str(_FORKPOINT), "mcp"],
+                env=net.env(),
+            )  # fmt: skip
+            async with Client(params) as client:
+                result = await client.call_tool("list_sessions", {})
+                assert not result.is_error, result.content
+                ran = await client.call_tool(
+                    "exec", {"session": made[1].id, "command": "echo from-mcp"}
+                )
+                assert not ran.is_error and "from-mcp" in str(ran.structured_content)
+                sessions = (result.structured_content or {})["sessions"]
+                return [str(s["id"]) for s in sessions]
+
+        assert sorted(asyncio.run(through_mcp())) == sorted(m.id for m in made)
+    finally:
+        for sandbox in made:
+            sandbox.kill()
+        server.terminate()
+        server.communicate()
+    net.cli("checkpoint", "rm", "doors")
+    assert net.json("ls") == []
+    _ray_reserves(net, 0.0)
 
 
 def test_a_cluster_without_token_authentication_is_refused() -> None:

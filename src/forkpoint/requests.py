@@ -522,6 +522,11 @@ class CheckpointRequest(_Request):
 
 class ForkRequest(_Request):
     count: ForkCount = 1
+    spread: Flag = Field(
+        default=False,
+        description="On a cluster: spread the forks over as many nodes as Ray can, instead "
+        "of packing them on as few as hold them. One host: no effect.",
+    )
 
 
 S3Url = Annotated[

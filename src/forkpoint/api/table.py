@@ -265,7 +265,7 @@ async def _remove_checkpoint(rt: Runtime, ids: Ids, request: None) -> None:
 
 
 async def _fork(rt: Runtime, ids: Ids, request: ForkRequest) -> list[Session | ErrorResponse]:
-    results = await rt.fork(ids["checkpoint_id"], request.count)
+    results = await rt.fork(ids["checkpoint_id"], request.count, spread=request.spread)
     return [ErrorResponse.of(r) if isinstance(r, ForkpointError) else r for r in results]
 
 

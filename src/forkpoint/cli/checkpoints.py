@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -357,13 +357,13 @@ def fork_command(
     checkpoint: Annotated[str, typer.Argument(help="Checkpoint id or name.")],
     count: Annotated[int, typer.Option("--count", "-n", help="How many sessions.")] = 1,
     spread: Annotated[
-        bool | None,
+        bool,
         typer.Option(
             "--spread/--pack",
             help="On a cluster: ask Ray to spread the forks over nodes, or pack them on "
             "as few as hold them (default: pack; one host: no effect).",
         ),
-    ] = None,
+    ] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Start new sessions from a checkpoint: each wakes up with the same running processes.
@@ -373,13 +373,7 @@ def fork_command(
     """
 
     async def op(runtime: Runtime) -> list[Session | ForkpointError]:
-        if spread is not None and cluster_address() is not None:
-            from forkpoint.cluster.placement import Strategy
-            from forkpoint.cluster.runtime import ClusterRuntime
-
-            strategy = Strategy.SPREAD if spread else Strategy.PACK
-            return await cast(ClusterRuntime, runtime).fork(checkpoint, count, strategy=strategy)
-        return await runtime.fork(checkpoint, count)
+        return await runtime.fork(checkpoint, count, spread=spread)
 
     with spinner(f"forking {checkpoint} ×{count}…"), Timer() as timer:
         results = run(op)

@@ -65,7 +65,7 @@ def serve_command(
     By default on a private unix socket (mode 0600). With --port: on 127.0.0.1, every
     request needs the bearer token written to $FORKPOINT_HOME/token (printed once).
     """
-    from forkpoint.runtime import Runtime
+    from forkpoint.cluster.doors import open_runtime
     from forkpoint.runtime.housekeeping.reaper import reap_forever
     from forkpoint.server import bind_tcp, bind_unix, create_app, is_loopback, serve_on, write_token
 
@@ -93,7 +93,7 @@ def serve_command(
         raise InvalidInput("--host applies to --port only")
     # From here on SIGTERM unwinds (finally blocks run): the socket file gets removed.
     signal.signal(signal.SIGTERM, raise_exit)
-    runtime = Runtime.open()
+    runtime = open_runtime()  # with FORKPOINT_CLUSTER set: the cluster's
 
     def reaper() -> Coroutine[Any, Any, None]:  # lifetimes and log caps, every second
         return reap_forever(runtime)
@@ -134,6 +134,11 @@ def raise_exit(signum: int, _frame: FrameType | None) -> None:
 @reports_errors
 def mcp_command() -> None:
     """Serve forkpoint's tools over MCP (stdio transport) for an agent to use."""
+    from forkpoint.cluster.doors import open_runtime
     from forkpoint.mcp import run_stdio
 
-    run_stdio()
+    runtime = open_runtime()  # with FORKPOINT_CLUSTER set: the cluster's
+    try:
+        run_stdio(runtime)
+    finally:
+        runtime.close()

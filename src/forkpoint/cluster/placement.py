@@ -34,6 +34,10 @@ class Strategy(StrEnum):
     PACK = "pack"
     SPREAD = "spread"
 
+    @classmethod
+    def of(cls, spread: bool) -> Strategy:
+        return cls.SPREAD if spread else cls.PACK
+
 
 @dataclass(frozen=True)
 class Placement:

@@ -27,8 +27,10 @@ from forkpoint.cluster.connection import (
 )
 from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
+from forkpoint.config import ApiLimits, home
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
 from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Network, Session, SessionState
+from forkpoint.runtime.admission import UNLIMITED, Admission
 
 if TYPE_CHECKING:
     from forkpoint.agent_client import OutputCallback
@@ -67,6 +69,10 @@ class ClusterRuntime:
         #: Push every checkpoint to the store as it is taken (a lost session's latest).
         self.push = os.environ.get("FORKPOINT_CLUSTER_PUSH", "1") != "0"
         self._nodes: tuple[float, dict[str, NodeView]] | None = None
+        #: This client's own home: a long-lived door's socket and API token live there.
+        self.home = home().ensure()
+        #: What a long-lived door admits; counts the cluster's sessions (:meth:`serve_long_lived`).
+        self.admission = Admission(UNLIMITED, self)
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -171,17 +177,18 @@ class ClusterRuntime:
         return session
 
     async def fork(
-        self, checkpoint: str, count: int = 1, *, strategy: Strategy = Strategy.PACK
+        self, checkpoint: str, count: int = 1, *, spread: bool = False
     ) -> list[Session | ForkpointError]:
-        """``count`` forks of ``checkpoint``, placed by Ray in one request; a node that
-        lacks the checkpoint pulls it from the store (what it lacks of its lineage)."""
+        """``count`` forks of ``checkpoint``, placed by Ray in one request (packed on as
+        few nodes as hold them, or ``spread``); a node that lacks the checkpoint pulls it
+        from the store (what it lacks of its lineage)."""
         from forkpoint.requests import ForkRequest, parse
 
         parse(ForkRequest, count=count)
         source = await asyncio.to_thread(self.records.checkpoint, checkpoint)
         same_build = {QEMU_LABEL: source.qemu} if source.qemu else None
         placement = await asyncio.to_thread(
-            reserve, count, source.memory_mib, source.cpus, strategy, same_build
+            reserve, count, source.memory_mib, source.cpus, Strategy.of(spread), same_build
         )
         bundles: dict[str, list[int]] = {}
         for index, node in enumerate(placement.nodes):
@@ -402,10 +409,28 @@ class ClusterRuntime:
             node=self._name(entry.node),
         )  # fmt: skip
 
-    # -- the rest of the local runtime ---------------------------------------------------
+    # -- a long-lived door's runtime -------------------------------------------------------
 
-    async def expire(self) -> None:
-        """Lifetimes end on each node (its own doors' upkeep)."""
+    def serve_long_lived(self, limits: ApiLimits) -> Admission:
+        """As :meth:`Runtime.serve_long_lived`: admit heavy operations within ``limits``,
+        counting the sessions of the whole cluster (warm VMs and standbys are each
+        node's own)."""
+        if self.admission.limits == UNLIMITED:
+            self.admission = Admission(limits, self)
+        return self.admission
+
+    async def expire(self) -> list[str]:
+        """Nothing here: lifetimes end on each node, whose daemon runs the reaper."""
+        return []
+
+    async def sample_metrics(self) -> int:
+        """Nothing here: each node samples its own sessions."""
+        return 0
+
+    def close(self) -> None:
+        """Nothing to close: Ray's connection ends with the process."""
+
+    # -- the rest of the local runtime ---------------------------------------------------
 
     def __getattr__(self, name: str) -> NoReturn:
         if name.startswith("__"):

@@ -660,10 +660,13 @@ class AsyncCheckpoint:
     def info(self) -> CheckpointInfo:
         return self._info
 
-    async def fork(self, count: int = 1) -> list[AsyncSandbox | ForkpointError]:
+    async def fork(
+        self, count: int = 1, *, spread: bool = False
+    ) -> list[AsyncSandbox | ForkpointError]:
         """Start ``count`` (1..64) sessions from this checkpoint, in parallel. A fork that
-        failed is its error, in its slot; the others run."""
-        slots = await self._client.fork(self.id, count)
+        failed is its error, in its slot; the others run. On a cluster, ``spread`` asks
+        Ray to spread them over nodes (default: packed on as few as hold them)."""
+        slots = await self._client.fork(self.id, count, spread)
         return [
             s if isinstance(s, ForkpointError) else AsyncSandbox(self._client, s) for s in slots
         ]

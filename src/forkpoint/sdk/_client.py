@@ -114,13 +114,13 @@ class ApiClient:
         )
 
     def _embedded(self, runtime: Runtime | None) -> httpx.AsyncBaseTransport:
-        from forkpoint.runtime import Runtime
+        from forkpoint.cluster.doors import open_runtime
         from forkpoint.server import create_app
 
         from ._asgi import StreamingASGITransport  # a terminal's output streams in-process too
 
         if runtime is None:
-            runtime = self._runtime = Runtime.open()
+            runtime = self._runtime = open_runtime()  # FORKPOINT_CLUSTER: the cluster's
         return StreamingASGITransport(create_app(runtime))
 
     # -- lifetime ----------------------------------------------------------------------
@@ -438,8 +438,11 @@ class ApiClient:
     async def remove_checkpoint(self, checkpoint: str) -> None:
         await self.call("remove_checkpoint", checkpoint)
 
-    async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
-        return _slots(await self.call("fork", checkpoint, body={"count": count}))
+    async def fork(
+        self, checkpoint: str, count: int, spread: bool = False
+    ) -> list[Session | ForkpointError]:
+        body = {"count": count, "spread": spread}
+        return _slots(await self.call("fork", checkpoint, body=body))
 
     async def verify_checkpoint(self, checkpoint: str) -> list[FileCheck]:
         verdicts: list[FileCheck] = await self.call("verify_checkpoint", checkpoint)

@@ -56,11 +56,14 @@ class Restore:
         self.link = link
         self.preparer = preparer
 
-    async def fork(self, checkpoint: str, count: int = 1) -> list[Session | ForkpointError]:
+    async def fork(
+        self, checkpoint: str, count: int = 1, *, spread: bool = False
+    ) -> list[Session | ForkpointError]:
         """Start ``count`` new sessions from a checkpoint, in parallel.
 
         Each gets a new id and its own host ports for the checkpoint's forwarded guest
-        ports. A fork that fails is reported in its slot; the others still run.
+        ports. A fork that fails is reported in its slot; the others still run. ``spread``
+        places forks on a cluster; on one host they all start here.
         """
         from forkpoint.requests import ForkRequest, parse
 
