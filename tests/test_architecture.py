@@ -105,6 +105,7 @@ ALLOWED: dict[str, set[str]] = {
     },  # fmt: skip
     "demo": {"models", "runtime", "sdk", "browser", "agent_client", "protocol", "errors", "config"},
     "bench": {
+        "cluster",
         "e2b",
         "server",
         "models",

@@ -29,7 +29,7 @@ from cluster_net import ClusterNet
 from forkpoint.config import Home, home
 from forkpoint.errors import ForkpointError
 from forkpoint.runtime.housekeeping.invariants import check_home
-from forkpoint.sdk import Sandbox
+from forkpoint.sdk import Checkpoint, Sandbox
 from forkpoint.store import Store
 from forkpoint.vm import qemu_build
 
@@ -182,6 +182,7 @@ def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
     socket = net.root / "client" / "api.sock"
     server = net.popen("serve", "--socket", str(socket))
     made: list[Sandbox] = []
+    checkpoint: Checkpoint | None = None
     try:
         deadline = time.monotonic() + 60
         while not socket.exists():
@@ -222,9 +223,10 @@ def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
     finally:
         for sandbox in made:
             sandbox.kill()
+        if checkpoint is not None:
+            checkpoint.remove()
         server.terminate()
         server.communicate()
-    net.cli("checkpoint", "rm", "doors")
     assert net.json("ls") == []
     _ray_reserves(net, 0.0)
 
@@ -258,3 +260,15 @@ def test_one_host_use_never_loads_ray() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_the_cluster_bench_needs_a_cluster() -> None:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "FORKPOINT_CLUSTER"}
+    done = subprocess.run(
+        [str(_FORKPOINT), "bench", "--cluster"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: --cluster measures a cluster: set FORKPOINT_CLUSTER")

@@ -3,8 +3,9 @@ forkpoint.bench); writes bench.json and bench.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.markup import escape
@@ -12,8 +13,10 @@ from rich.table import Table
 
 from forkpoint.cli._run import run
 from forkpoint.cli.output import JSON_OPTION, console, emit_json, err_console, reports_errors
+from forkpoint.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from forkpoint.cluster.runtime import ClusterRuntime
     from forkpoint.runtime import Runtime
 
 __all__ = ["register"]
@@ -31,6 +34,14 @@ def bench_command(
     quick: Annotated[
         bool, typer.Option("--quick", help="Few repetitions: a smoke run of under a minute.")
     ] = False,
+    on_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="Measure the cluster FORKPOINT_CLUSTER names instead: placement, transfer "
+            "per MiB and fork x12 packed vs spread, against a node's own runtime.",
+        ),
+    ] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Time create, checkpoint, fork x1/x3/x20/x100 and rollback of a 512 MiB guest running
@@ -43,6 +54,10 @@ def bench_command(
 
     def log(message: str) -> None:
         err_console.print(f"[dim]bench[/] {escape(message)}", highlight=False)
+
+    if on_cluster:
+        _bench_cluster(out, rounds=2 if quick else 5, log=log, as_json=as_json)
+        return
 
     async def op(runtime: Runtime) -> dict[str, Any]:
         plan = Plan.quick() if quick else Plan.full()
@@ -57,6 +72,31 @@ def bench_command(
         return
     _print_tables(result)
     console.print(f"report: {escape(str(md_path))} · {escape(str(json_path))}", highlight=False)
+
+
+def _bench_cluster(out: Path, *, rounds: int, log: Callable[[str], None], as_json: bool) -> None:
+    import json
+
+    from forkpoint.bench.cluster import cluster_lines, cluster_suite
+    from forkpoint.config import cluster_address
+
+    if cluster_address() is None:
+        raise InvalidInput("--cluster measures a cluster: set FORKPOINT_CLUSTER=HEAD:6379")
+
+    async def op(runtime: Runtime) -> dict[str, Any]:
+        log(f"cluster at {cluster_address()}, {rounds} rounds → {out}/cluster.json")
+        return await cluster_suite(cast("ClusterRuntime", runtime), rounds, log)
+
+    result = run(op)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "cluster.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        emit_json(result)
+        return
+    for line in cluster_lines(result):
+        console.print(escape(line), highlight=False)
+    console.print(f"report: {escape(str(path))}", highlight=False)
 
 
 def _print_tables(result: dict[str, Any]) -> None:

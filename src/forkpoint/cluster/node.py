@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,18 @@ class NodeDaemon:
     async def create(self, options: dict[str, Any]) -> Session:
         self._ready()
         return await self.runtime.create(**options)
+
+    async def time_creates(self, rounds: int, memory_mib: int) -> list[float]:
+        """Seconds of each of ``rounds`` creates by this host's own runtime, each session
+        removed again: what a create costs here without the cluster (``bench --cluster``)."""
+        self._ready()
+        seconds = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            made = await self.runtime.create(memory_mib=memory_mib)
+            seconds.append(time.perf_counter() - start)
+            await self.runtime.remove(made.id)
+        return seconds
 
     async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
         """``count`` forks of ``checkpoint``, pulled from the store first if this home

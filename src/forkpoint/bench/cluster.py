@@ -1,0 +1,143 @@
+"""``forkpoint bench --cluster``: what the cluster costs against one host, measured side by
+side on the cluster ``FORKPOINT_CLUSTER`` names.
+
+- placement: a create through the cluster against creates by the node's own runtime (run
+  by its daemon, on the same node), Ray's part alone (a placement group made ready and
+  removed) and a daemon round trip;
+- transfer: a checkpoint with 64 MiB just written, pushed as taken, then pulled from the
+  store by every other node, per MiB received;
+- fan-out: fork ×12 packed on as few nodes as hold them against spread over them.
+
+Medians of repeated runs in one process (no CLI start-up). Every session and checkpoint it
+makes is removed again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from forkpoint.cluster.runtime import ClusterRuntime
+
+__all__ = ["cluster_lines", "cluster_suite"]
+
+_MEMORY_MIB = 256
+_FANOUT = 12
+
+
+def _median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1000, 1)
+
+
+async def _timed(call: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = await call()
+    return time.perf_counter() - start, result
+
+
+async def cluster_suite(
+    cluster: ClusterRuntime, rounds: int, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Every measure of this module, as plain data (``cluster.json``)."""
+    import asyncio
+
+    from forkpoint.cluster.placement import Strategy, release, reserve
+
+    out: dict[str, Any] = {"rounds": rounds, "memory_mib": _MEMORY_MIB}
+    log("a first session (boots its node's template)")
+    first = await cluster.create(memory_mib=_MEMORY_MIB)
+    node = cluster.records.session(first.id).node
+    checkpoint: str | None = None
+    try:
+        out["node"] = cluster.nodes()[node].name
+        log(f"create ×{rounds} through the cluster, and by node {out['node']} itself")
+        creates = []
+        for _ in range(rounds):
+            seconds, made = await _timed(lambda: cluster.create(memory_mib=_MEMORY_MIB))
+            creates.append(seconds)
+            await cluster.remove(made.id)
+        out["create_ms"] = _median_ms(creates)
+        local = await cluster.call(node, "time_creates", rounds, _MEMORY_MIB)
+        out["local_create_ms"] = _median_ms(local)
+        places = []
+        for _ in range(rounds * 2):
+            start = time.perf_counter()
+            placed = await asyncio.to_thread(reserve, 1, _MEMORY_MIB, 1, Strategy.PACK)
+            places.append(time.perf_counter() - start)
+            await asyncio.to_thread(release, placed.group)
+        out["placement_ms"] = _median_ms(places)
+        trips = []
+        for _ in range(rounds * 2):
+            seconds, _info = await _timed(lambda: cluster.call(node, "info"))
+            trips.append(seconds)
+        out["daemon_round_trip_ms"] = _median_ms(trips)
+
+        log("checkpoint with 64 MiB just written, pushed as taken; pulled by the others")
+        await cluster.exec(first.id, ["sh", "-c", "head -c 64M /dev/urandom > /root/state"])
+        seconds, taken = await _timed(lambda: cluster.checkpoint(first.id))
+        checkpoint = taken.id
+        out["checkpoint_and_push_ms"] = round(seconds * 1000, 1)
+        await _transfers(cluster, node, taken.id, out)
+        for spread in (False, True):
+            log(f"fork ×{_FANOUT} {'spread' if spread else 'packed'}")
+            out[f"fork{_FANOUT}_{'spread' if spread else 'pack'}"] = await _fan_out(
+                cluster, taken.id, spread
+            )
+    finally:
+        await cluster.remove(first.id)
+        if checkpoint is not None:
+            await cluster.remove_checkpoint(checkpoint)
+    return out
+
+
+async def _transfers(
+    cluster: ClusterRuntime, holder: str, checkpoint: str, out: dict[str, Any]
+) -> None:
+    pulls = []
+    for other in cluster.forkpoint_nodes():
+        if other != holder:
+            moved = await cluster.call(other, "pull", checkpoint)
+            if moved is not None:
+                pulls.append({"bytes": moved.received_bytes, "ms": moved.duration_ms})
+    out["pulls"] = pulls
+    mib = sum(p["bytes"] for p in pulls) / (1 << 20)
+    out["pull_ms_per_mib"] = round(sum(p["ms"] for p in pulls) / mib, 1) if mib else None
+
+
+async def _fan_out(cluster: ClusterRuntime, checkpoint: str, spread: bool) -> dict[str, Any]:
+    seconds, forks = await _timed(lambda: cluster.fork(checkpoint, _FANOUT, spread=spread))
+    made = [f for f in forks if not isinstance(f, Exception)]
+    for fork in made:
+        await cluster.remove(fork.id)
+    return {
+        "ms": round(seconds * 1000, 1),
+        "nodes": sorted({str(f.node) for f in made}),
+        "failed": [str(f) for f in forks if isinstance(f, Exception)],
+    }
+
+
+def cluster_lines(result: dict[str, Any]) -> list[str]:
+    """The report, a line per measure."""
+    extra = round(result["create_ms"] - result["local_create_ms"], 1)
+    lines = [
+        f"create: {result['create_ms']} ms through the cluster vs {result['local_create_ms']} "
+        f"ms by node {result['node']} itself (+{extra} ms; Ray's placement alone "
+        f"{result['placement_ms']} ms, a daemon round trip {result['daemon_round_trip_ms']} ms)",
+        f"checkpoint + push (64 MiB just written): {result['checkpoint_and_push_ms']} ms",
+    ]
+    if result["pull_ms_per_mib"] is None:
+        lines.append("pull: no other node to pull to")
+    else:
+        received = sum(p["bytes"] for p in result["pulls"]) / (1 << 20)
+        lines.append(
+            f"pull from the store: {result['pull_ms_per_mib']} ms per MiB received "
+            f"({received:.0f} MiB by {len(result['pulls'])} node(s))"
+        )
+    for key in (f"fork{_FANOUT}_pack", f"fork{_FANOUT}_spread"):
+        fork = result[key]
+        failed = f", {len(fork['failed'])} failed" if fork["failed"] else ""
+        lines.append(f"{key}: {fork['ms']} ms on {', '.join(fork['nodes'])}{failed}")
+    return lines
