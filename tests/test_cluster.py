@@ -198,11 +198,29 @@ def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
         forks = checkpoint.fork(2)
         assert all(isinstance(f, Sandbox) for f in forks), forks
         made += [f for f in forks if isinstance(f, Sandbox)]
+        # Listed once, though the forks' nodes hold copies of it (pulled to fork there).
+        assert [c["id"] for c in net.json("checkpoints")] == [checkpoint.id]
+        assert [c["name"] for c in net.json("checkpoints", source.id)] == ["doors"]
         listed = {s.id: s for s in Sandbox.list_sessions(base_url=url)}
         assert set(listed) == {m.id for m in made}
         assert all(s.node in net.nodes and s.state == "running" for s in listed.values())
-        with pytest.raises(ForkpointError, match="not available on a cluster yet"):
-            source.pause()
+        # A session's other operations run on its node as they are: files, a rollback
+        # (the record then revives the state rolled back to), processes.
+        source.files.write("/root/after", "written after the checkpoint")
+        assert source.files.read_text("/root/after") == "written after the checkpoint"
+        source.rollback(checkpoint)
+        assert "after" not in {e.name for e in source.files.list("/root")}
+        assert source.info.node in net.nodes and source.info.state == "running"
+        assert 1 in {p.pid for p in source.commands.ps()}
+        # A terminal: its output streams back from the node as it comes, input goes there.
+        terminal = source.terminals.open(command=["sh", "-c", "read line; echo got-$line"])
+        terminal.send("cluster\n")
+        shown = b""
+        while (chunk := terminal.read()) is not None:
+            shown += chunk
+        assert b"got-cluster" in shown and terminal.wait() == 0, shown
+        with pytest.raises(ForkpointError, match="diff forks is not available on a cluster yet"):
+            source.diff()
 
         async def through_mcp() -> list[str]:
             params = StdioServerParameters(

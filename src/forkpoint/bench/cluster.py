@@ -2,8 +2,9 @@
 side on the cluster ``FORKPOINT_CLUSTER`` names.
 
 - placement: a create through the cluster against creates by the node's own runtime (run
-  by its daemon, on the same node), Ray's part alone (a placement group made ready and
-  removed) and a daemon round trip;
+  by its daemon, on the same node), and its parts: Ray's placement alone (a placement
+  group made ready and removed), a daemon round trip, the session's record written to the
+  store;
 - transfer: a checkpoint with 64 MiB just written, pushed as taken, then pulled from the
   store by every other node, per MiB received;
 - fan-out: fork ×12 packed on as few nodes as hold them against spread over them.
@@ -14,6 +15,7 @@ makes is removed again.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +38,10 @@ async def _timed(call: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = await call()
     return time.perf_counter() - start, result
+
+
+async def _median_of(times: int, call: Callable[[], Awaitable[Any]]) -> float:
+    return _median_ms([(await _timed(call))[0] for _ in range(times)])
 
 
 async def cluster_suite(
@@ -69,11 +75,11 @@ async def cluster_suite(
             places.append(time.perf_counter() - start)
             await asyncio.to_thread(release, placed.group)
         out["placement_ms"] = _median_ms(places)
-        trips = []
-        for _ in range(rounds * 2):
-            seconds, _info = await _timed(lambda: cluster.call(node, "info"))
-            trips.append(seconds)
-        out["daemon_round_trip_ms"] = _median_ms(trips)
+        trip = functools.partial(cluster.call, node, "info")
+        out["daemon_round_trip_ms"] = await _median_of(rounds * 2, trip)
+        entry = cluster.records.session(first.id)
+        write = functools.partial(asyncio.to_thread, cluster.records.put_session, entry)
+        out["record_write_ms"] = await _median_of(rounds * 2, write)
 
         log("checkpoint with 64 MiB just written, pushed as taken; pulled by the others")
         await cluster.exec(first.id, ["sh", "-c", "head -c 64M /dev/urandom > /root/state"])
@@ -125,7 +131,8 @@ def cluster_lines(result: dict[str, Any]) -> list[str]:
     lines = [
         f"create: {result['create_ms']} ms through the cluster vs {result['local_create_ms']} "
         f"ms by node {result['node']} itself (+{extra} ms; Ray's placement alone "
-        f"{result['placement_ms']} ms, a daemon round trip {result['daemon_round_trip_ms']} ms)",
+        f"{result['placement_ms']} ms, a daemon round trip {result['daemon_round_trip_ms']} ms, "
+        f"the record written to the store {result['record_write_ms']} ms)",
         f"checkpoint + push (64 MiB just written): {result['checkpoint_and_push_ms']} ms",
     ]
     if result["pull_ms_per_mib"] is None:

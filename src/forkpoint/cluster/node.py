@@ -17,10 +17,10 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from forkpoint.errors import ForkpointError, NotFound
+from forkpoint.errors import ForkpointError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         Checkpoint,
         CheckpointTransfer,
         CommandResult,
+        ProcessEvent,
         Session,
     )
 
@@ -105,6 +106,30 @@ class NodeDaemon:
             await self.runtime.remove(made.id)
         return seconds
 
+    async def on_session(
+        self, method: str, session: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Any:
+        """One of the local runtime's operations on a session of this home, as it is
+        (:data:`~.operations.ON_SESSION_NODE`; nothing else runs this way)."""
+        from forkpoint.cluster.operations import ON_SESSION_NODE
+
+        if method not in ON_SESSION_NODE:
+            raise InvalidInput(f"{method} is not an operation a node runs for the cluster")
+        self._ready()
+        return await getattr(self.runtime, method)(session, *args, **kwargs)
+
+    async def process_events(
+        self, method: str, session: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> AsyncIterator[ProcessEvent]:
+        """A guest process started here (``start_process``) or re-attached
+        (``attach_process``): its events, streamed to the client as they come (a Ray
+        streaming generator)."""
+        if method not in ("start_process", "attach_process"):
+            raise InvalidInput(f"{method} is not a process stream")
+        self._ready()
+        async for event in getattr(self.runtime, method)(session, *args, **kwargs):
+            yield event
+
     async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
         """``count`` forks of ``checkpoint``, pulled from the store first if this home
         lacks it (with what it lacks of its lineage)."""
@@ -159,6 +184,10 @@ class NodeDaemon:
 
     async def sessions(self) -> list[Session]:
         return await asyncio.to_thread(self.runtime.list_sessions)
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        """This home's checkpoints (taken or pulled here), as ``forkpoint checkpoints``."""
+        return await asyncio.to_thread(self.runtime.list_checkpoints)
 
     async def get(self, session: str) -> Session:
         return await asyncio.to_thread(self.runtime.get, session)

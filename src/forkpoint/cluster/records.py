@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from forkpoint.errors import NotFound
 from forkpoint.runtime.checkpoints.portable.objects import S3Store
@@ -59,13 +60,7 @@ class Records:
         self.store.put_bytes(_SESSIONS + entry.id, _encode(entry), overwrite=True)
 
     def sessions(self) -> list[SessionEntry]:
-        found = []
-        for key in self.store.keys(_SESSIONS):
-            try:
-                found.append(SessionEntry(**json.loads(self.store.get_bytes(key))))
-            except NotFound:  # removed since it was listed
-                continue
-        return found
+        return [SessionEntry(**fields) for fields in self._all(_SESSIONS)]
 
     def session(self, ref: str) -> SessionEntry:
         """By id or name. :raises NotFound:"""
@@ -80,21 +75,29 @@ class Records:
     def put_checkpoint(self, entry: CheckpointEntry) -> None:
         self.store.put_bytes(_CHECKPOINTS + entry.id, _encode(entry), overwrite=True)
 
+    def checkpoints(self) -> list[CheckpointEntry]:
+        return [CheckpointEntry(**fields) for fields in self._all(_CHECKPOINTS)]
+
     def checkpoint(self, ref: str) -> CheckpointEntry:
         """By id (one GET) or name. :raises NotFound:"""
         if self.store.has(_CHECKPOINTS + ref):
             return CheckpointEntry(**json.loads(self.store.get_bytes(_CHECKPOINTS + ref)))
-        for key in self.store.keys(_CHECKPOINTS):
-            try:
-                entry = CheckpointEntry(**json.loads(self.store.get_bytes(key)))
-            except NotFound:  # removed since it was listed
-                continue
+        for entry in self.checkpoints():
             if entry.name == ref:
                 return entry
         raise NotFound(f"no checkpoint {ref!r} in the cluster")
 
     def drop_checkpoint(self, checkpoint_id: str) -> None:
         self.store.delete(_CHECKPOINTS + checkpoint_id)
+
+    def _all(self, prefix: str) -> list[dict[str, Any]]:
+        found = []
+        for key in self.store.keys(prefix):
+            try:
+                found.append(json.loads(self.store.get_bytes(key)))
+            except NotFound:  # removed since it was listed
+                continue
+        return found
 
 
 def _encode(entry: SessionEntry | CheckpointEntry) -> bytes:

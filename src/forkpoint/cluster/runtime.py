@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from forkpoint.cluster.connection import (
     NODE_LABEL,
@@ -25,6 +26,7 @@ from forkpoint.cluster.connection import (
     daemon_name,
     store_url,
 )
+from forkpoint.cluster.operations import ON_SESSION_NODE
 from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
 from forkpoint.config import ApiLimits, home
@@ -34,7 +36,7 @@ from forkpoint.runtime.admission import UNLIMITED, Admission
 
 if TYPE_CHECKING:
     from forkpoint.agent_client import OutputCallback
-    from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult
+    from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult, ProcessEvent
 
 __all__ = ["ClusterRuntime", "NodeView", "NodeLost"]
 
@@ -329,23 +331,29 @@ class ClusterRuntime:
 
     def list_sessions(self) -> list[Session]:
         """Every session of the cluster; a lost node's are ``lost``."""
-        import ray
-
         entries = self.records.sessions()
-        live: dict[str, Session] = {}
         # The live nodes holding any; a daemon restarting answers nothing yet.
         nodes = {e.node for e in entries} & set(self.forkpoint_nodes())
-        answers = [(n, self.daemon(n).sessions.remote()) for n in nodes]
-        answered = set()
-        for node, answer in answers:
-            try:
-                live.update({s.id: self._on(s, node) for s in ray.get(answer)})
-                answered.add(node)
-            except ray.exceptions.RayError:
-                pass  # went away meanwhile: its sessions show as lost
+        answered = self._ask_each(nodes, "sessions")
+        live = {s.id: self._on(s, n) for n, held in answered.items() for s in held}
         gone = [e for e in entries if e.node in answered and e.id not in live]
         self._forget(gone, entries)
         return [live.get(e.id) or self._lost(e) for e in entries if e not in gone]
+
+    def _ask_each(self, nodes: Iterable[str], method: str) -> dict[str, Any]:
+        """``method`` of every node's daemon, side by side: the answers of those that
+        answered (a node gone meanwhile answers nothing: its sessions show lost)."""
+        import ray
+
+        asked = []
+        for node in nodes:
+            with contextlib.suppress(NodeLost):
+                asked.append((node, getattr(self.daemon(node), method).remote()))
+        answered = {}
+        for node, answer in asked:
+            with contextlib.suppress(ray.exceptions.RayError):
+                answered[node] = ray.get(answer)
+        return answered
 
     def get(self, session: str) -> Session:
         """:raises NotFound:"""
@@ -382,6 +390,22 @@ class ClusterRuntime:
                     return cast("Checkpoint", found)
         raise NotFound(f"checkpoint {entry.id} is on no live node")
 
+    def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
+        """The cluster's checkpoints (of one session), oldest first, as the live nodes
+        holding them describe them (one whose every copy was on lost nodes is not listed,
+        though a fork still pulls it from the store)."""
+
+        entries = self.records.checkpoints()
+        described: dict[str, Checkpoint] = {}
+        for held in self._ask_each(self.forkpoint_nodes(), "checkpoints").values():
+            for found in held:
+                described.setdefault(found.id, found)
+        of = self.records.session(session).id if session is not None else None
+        listed = [described[e.id] for e in entries if e.id in described]
+        return sorted(
+            (c for c in listed if of is None or c.session_id == of), key=lambda c: c.created_at
+        )
+
     def latest_metrics(self) -> dict[str, Any]:
         return {}  # sampled by each node's own long-lived door, not gathered yet
 
@@ -409,6 +433,64 @@ class ClusterRuntime:
             node=self._name(entry.node),
         )  # fmt: skip
 
+    async def _on_session_node(self, method: str, session: str, *args: Any, **kwargs: Any) -> Any:
+        entry = await asyncio.to_thread(self.live_entry, session)
+        answer = await self.call(entry.node, "on_session", method, entry.id, args, kwargs)
+        return self._on(answer, entry.node) if isinstance(answer, Session) else answer
+
+    async def write_file(
+        self, session: str, path: str, data: bytes | IO[bytes], *args: Any, **kwargs: Any
+    ) -> None:
+        """Write a guest file on the session's node (a file's bytes cross Ray whole)."""
+        payload = data if isinstance(data, bytes) else await asyncio.to_thread(data.read)
+        await self._on_session_node("write_file", session, path, payload, *args, **kwargs)
+
+    async def read_file_to(self, session: str, path: str, out: IO[bytes]) -> int:
+        """Read a guest file from the session's node into ``out``; its size."""
+        data: bytes = await self._on_session_node("read_file", session, path)
+        await asyncio.to_thread(out.write, data)
+        return len(data)
+
+    def start_process(
+        self, session: str, cmd: str, args: Sequence[str] = (), **options: Any
+    ) -> AsyncIterator[ProcessEvent]:
+        """A guest process on the session's node: its events as they come."""
+        return self._process_events("start_process", session, (cmd, tuple(args)), options)
+
+    def attach_process(self, session: str, pid: int) -> AsyncIterator[ProcessEvent]:
+        return self._process_events("attach_process", session, (pid,), {})
+
+    async def _process_events(
+        self, method: str, session: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> AsyncIterator[ProcessEvent]:
+        import ray
+
+        entry = await asyncio.to_thread(self.live_entry, session)
+        daemon = self.daemon(entry.node)
+        events = daemon.process_events.options(num_returns="streaming").remote(
+            method, entry.id, args, kwargs
+        )
+        try:
+            with self._answer_of(entry.node, method):
+                async for event in events:
+                    yield await event
+        finally:  # a client that hung up detaches: the process runs on in the guest
+            with contextlib.suppress(Exception):
+                ray.cancel(events)
+
+    async def rollback(self, session: str, checkpoint: str | None = None) -> Session:
+        """Roll a session back on its node; a node loss then revives the state rolled
+        back to (when that checkpoint is in the store), not the one rolled back from."""
+        rolled: Session = await self._on_session_node("rollback", session, checkpoint)
+        entry = await asyncio.to_thread(self.records.session, rolled.id)
+        target = rolled.parent_checkpoint
+        if target is not None and target != entry.revive_from:
+            with contextlib.suppress(NotFound):
+                if (await asyncio.to_thread(self.records.checkpoint, target)).pushed:
+                    revived = dataclasses.replace(entry, revive_from=target)
+                    await asyncio.to_thread(self.records.put_session, revived)
+        return rolled
+
     # -- a long-lived door's runtime -------------------------------------------------------
 
     def serve_long_lived(self, limits: ApiLimits) -> Admission:
@@ -432,9 +514,13 @@ class ClusterRuntime:
 
     # -- the rest of the local runtime ---------------------------------------------------
 
-    def __getattr__(self, name: str) -> NoReturn:
+    def __getattr__(self, name: str) -> Any:
+        """An operation on one session (:data:`~.operations.ON_SESSION_NODE`) runs on its
+        node as it is; any other the cluster does not offer fails with one line."""
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in ON_SESSION_NODE:
+            return functools.partial(self._on_session_node, name)
         raise InvalidInput(
             f"{name.replace('_', ' ')} is not available on a cluster yet "
             "(unset FORKPOINT_CLUSTER to work on this host alone)"
