@@ -121,8 +121,9 @@ class ClusterNet:
                  "--disable-usage-stats", "--system-config", json.dumps(health)),
             env=self.env())  # fmt: skip
 
-    def join(self, node: str) -> dict[str, Any]:
-        """``forkpoint cluster join`` on ``node`` (its Ray node started by it)."""
+    def join(self, node: str, *options: str) -> dict[str, Any]:
+        """``forkpoint cluster join OPTIONS`` on ``node`` (by default its Ray node started
+        by it)."""
         h = self.home(node)
         h.mkdir(parents=True, exist_ok=True)
         real = home().ensure().root
@@ -132,7 +133,7 @@ class ClusterNet:
                 link.symlink_to(real / shared)
         done = _sh(*_in(self.ns(node), str(_BIN / "forkpoint"), "cluster", "join",
                         "--address", self.address, "--name", node, "--slots", str(self.slots),
-                        "--cpus", str(self.slots), "--json"),
+                        "--cpus", str(self.slots), "--json", *options),
                    env=self.env(FORKPOINT_HOME=str(h)), check=False)  # fmt: skip
         assert done.returncode == 0, f"join {node} failed: {done.stdout}{done.stderr}"
         return dict(json.loads(done.stdout))

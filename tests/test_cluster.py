@@ -249,6 +249,32 @@ def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
     _ray_reserves(net, 0.0)
 
 
+def test_auto_recover_revives_a_lost_session_without_asking(cluster: ClusterNet) -> None:
+    """With the policy on (joining again turns it on), the node Ray moves a lost
+    session's reservation to revives it on its own: same id, processes at the same PIDs."""
+    net = cluster
+    for node in net.nodes:
+        assert net.join(node, "--ray-running", "--auto-recover")["auto_recover"] is True
+    session = net.json("create", "--port", "8000", "--memory", "256")
+    started = net.cli("exec", session["id"], "-b", "--", *_SERVER.split()).stdout
+    pid = int(started.split()[2])
+    net.json("checkpoint", session["id"], "--name", "auto")
+    origin = session["node"]
+    net.power_off(origin)
+    deadline = time.monotonic() + 60
+    while (now := net.json("show", session["id"]))["node"] == origin or now["state"] != "running":
+        assert time.monotonic() < deadline, f"not revived on its own: {now}"
+        time.sleep(1)
+    assert now["id"] == session["id"] and now["node"] != origin
+    _serves(net, session["id"], pid)
+    joined = net.join(origin)  # back (its policy off: joined without it), its copy stale
+    assert joined["removed_stale"] == [session["id"]] and joined["auto_recover"] is False
+    net.cli("rm", session["id"])
+    net.cli("checkpoint", "rm", "auto")
+    assert net.json("ls") == []
+    _ray_reserves(net, 0.0)
+
+
 def test_a_cluster_without_token_authentication_is_refused() -> None:
     """Guests run untrusted code: forkpoint never joins a Ray cluster anyone can drive."""
     import os

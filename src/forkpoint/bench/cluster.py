@@ -15,6 +15,7 @@ makes is removed again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import statistics
 import time
@@ -48,17 +49,16 @@ async def cluster_suite(
     cluster: ClusterRuntime, rounds: int, log: Callable[[str], None]
 ) -> dict[str, Any]:
     """Every measure of this module, as plain data (``cluster.json``)."""
-    import asyncio
-
     from forkpoint.cluster.placement import Strategy, release, reserve
 
     out: dict[str, Any] = {"rounds": rounds, "memory_mib": _MEMORY_MIB}
     log("a first session (boots its node's template)")
     first = await cluster.create(memory_mib=_MEMORY_MIB)
-    node = cluster.records.session(first.id).node
+    entry = await asyncio.to_thread(cluster.records.session, first.id)
+    node = entry.node
     checkpoint: str | None = None
     try:
-        out["node"] = cluster.nodes()[node].name
+        out["node"] = (await asyncio.to_thread(cluster.nodes))[node].name
         log(f"create ×{rounds} through the cluster, and by node {out['node']} itself")
         creates = []
         for _ in range(rounds):
@@ -77,7 +77,6 @@ async def cluster_suite(
         out["placement_ms"] = _median_ms(places)
         trip = functools.partial(cluster.call, node, "info")
         out["daemon_round_trip_ms"] = await _median_of(rounds * 2, trip)
-        entry = cluster.records.session(first.id)
         write = functools.partial(asyncio.to_thread, cluster.records.put_session, entry)
         out["record_write_ms"] = await _median_of(rounds * 2, write)
 
@@ -103,7 +102,7 @@ async def _transfers(
     cluster: ClusterRuntime, holder: str, checkpoint: str, out: dict[str, Any]
 ) -> None:
     pulls = []
-    for other in cluster.forkpoint_nodes():
+    for other in await asyncio.to_thread(cluster.forkpoint_nodes):
         if other != holder:
             moved = await cluster.call(other, "pull", checkpoint)
             if moved is not None:

@@ -59,6 +59,14 @@ def join_command(
             help="Start this host's Ray node (or use the one `ray start` started).",
         ),
     ] = True,
+    auto_recover: Annotated[
+        bool,
+        typer.Option(
+            "--auto-recover",
+            help="Revive, on their own, lost sessions whose reservations Ray moves here "
+            "(default: only `forkpoint recover` does). Joining again sets it anew.",
+        ),
+    ] = False,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Join this host to the cluster: its Ray node and its forkpoint node daemon.
@@ -70,13 +78,17 @@ def join_command(
 
     node = name or socket.gethostname()
     with spinner(f"joining {node} to the cluster…"):
-        info = join(_address(address), node, slots=slots, cpus=cpus, start_ray=start_ray)
+        info = join(
+            _address(address), node, slots=slots, cpus=cpus, start_ray=start_ray,
+            auto_recover=auto_recover,
+        )  # fmt: skip
     if as_json:
         emit_json(info)
         return
     console.print(
         f"[bold green]joined[/] node [cyan]{info['name']}[/] ({info['node_id'][:12]}), "
-        f"home {info['home']}, {info['sessions']} session(s)",
+        f"home {info['home']}, {info['sessions']} session(s)"
+        + (", auto-recover on" if info["auto_recover"] else ""),
         highlight=False,
     )
     if info["removed_stale"]:  # revived elsewhere while this node was away

@@ -42,10 +42,16 @@ _PASSED = (
 
 
 def join(
-    address: str, name: str, *, slots: int, cpus: int | None, start_ray: bool
+    address: str,
+    name: str,
+    *,
+    slots: int,
+    cpus: int | None,
+    start_ray: bool,
+    auto_recover: bool = False,
 ) -> dict[str, Any]:
-    """Join the cluster at ``address`` as node ``name`` offering ``slots`` VMs; the
-    daemon's own description once it answers.
+    """Join the cluster at ``address`` as node ``name`` offering ``slots`` VMs (again: set
+    its daemon's ``auto_recover`` policy); the daemon's own description once it answers.
 
     :raises NotConfigured: no token authentication or store; :raises InternalError:
         ``ray start`` failed."""
@@ -79,6 +85,7 @@ def join(
         .remote(name, env)
     )
     stale = ray.get(daemon.reconcile.remote(node), timeout=_DAEMON_START_S)
+    ray.get(daemon.set_auto_recover.remote(auto_recover), timeout=_DAEMON_START_S)
     info: dict[str, Any] = ray.get(daemon.info.remote(), timeout=_DAEMON_START_S)
     return dict(info, node_id=node, removed_stale=stale)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import socket
 import time
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = ["NodeDaemon"]
 
+_log = logging.getLogger("forkpoint.cluster")
+_REVIVE_EVERY_S = 2.0
+
 
 class NodeDaemon:
     def __init__(self, name: str, env: Mapping[str, str]) -> None:
@@ -46,6 +50,8 @@ class NodeDaemon:
         self.store = store_url()
         self.runtime = Runtime.open()
         self._reaper: asyncio.Task[None] | None = None
+        self._reviver: asyncio.Task[None] | None = None  # the auto-recover policy, when on
+        self._adopting = asyncio.Lock()
         self._tunnels: dict[int, tuple[contextlib.AsyncExitStack, TunnelReader, TunnelWriter]]
         self._tunnels = {}
         self._ids = itertools.count(1)
@@ -70,7 +76,34 @@ class NodeDaemon:
             "host": socket.gethostname(),
             "home": str(self.runtime.home.root),
             "sessions": len(sessions),
+            "auto_recover": self._reviver is not None,
         }
+
+    async def set_auto_recover(self, on: bool) -> None:
+        """The automatic recover policy (off by default): every few seconds, revive the
+        lost sessions whose reservations Ray moved to this node — Ray's placement picks
+        the node, as for a create, so nodes never race for one session."""
+        self._ready()
+        if on and self._reviver is None:
+            self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
+        elif not on and self._reviver is not None:
+            self._reviver.cancel()
+            self._reviver = None
+
+    async def _revive_forever(self) -> None:
+        import ray
+
+        from forkpoint.cluster.runtime import ClusterRuntime
+
+        context = ray.get_runtime_context()
+        cluster = ClusterRuntime(context.gcs_address)
+        while True:
+            try:
+                for result in await cluster.recover(on_node=context.get_node_id()):
+                    _log.warning("auto-recover: %s", result)
+            except Exception:  # keep going: the next round may find the store back
+                _log.exception("auto-recover failed")
+            await asyncio.sleep(_REVIVE_EVERY_S)
 
     async def reconcile(self, node: str) -> list[str]:
         """Remove the sessions of this home that the cluster no longer places here (it
@@ -138,10 +171,14 @@ class NodeDaemon:
         return await self.runtime.fork(checkpoint, count)
 
     async def adopt(self, checkpoint: str, session_id: str, name: str | None) -> Session:
-        """Revive a lost session here: ``checkpoint`` restored under its id and name."""
+        """Revive a lost session here: ``checkpoint`` restored under its id and name (once:
+        a second ask, as from ``recover`` beside the auto-recover policy, finds it here)."""
         self._ready()
-        await self._have(checkpoint)
-        return await self.runtime.adopt(checkpoint, session_id, name)
+        async with self._adopting:
+            with contextlib.suppress(NotFound):
+                return await asyncio.to_thread(self.runtime.get, session_id)
+            await self._have(checkpoint)
+            return await self.runtime.adopt(checkpoint, session_id, name)
 
     async def checkpoint(self, session: str, name: str | None, push: bool) -> Checkpoint:
         """Checkpoint ``session``; with ``push``, into the store too (any node can then

@@ -145,7 +145,8 @@ class ClusterRuntime:
             if isinstance(error.cause, ForkpointError):
                 raise error.cause from None
             raise InternalError(f"node {self._name(node)}: {error.cause!r}") from None
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
+            # Dead, or not restartable: its node is gone (Ray may not have said so yet).
             raise NodeLost(f"node {self._name(node)} went away during {method}") from None
 
     def _on(self, session: Session, node: str) -> Session:
@@ -291,23 +292,26 @@ class ClusterRuntime:
         )
         return started
 
-    async def recover(self) -> list[Session | ForkpointError]:
+    async def recover(self, *, on_node: str | None = None) -> list[Session | ForkpointError]:
         """Revive every lost session where Ray moved its reservation when its node died,
-        from its latest checkpoint in the store: same id, name and processes."""
+        from its latest checkpoint in the store: same id, name and processes. ``on_node``:
+        only those Ray moved to that node (its auto-recover policy)."""
         out: list[Session | ForkpointError] = []
         for entry in await asyncio.to_thread(self.records.sessions):
             if await asyncio.to_thread(self._alive, entry.node):
                 continue
+            node = await asyncio.to_thread(bundle_node, entry.group, entry.bundle)
+            if on_node is not None and node != on_node:
+                continue
             try:
-                out.append(await self._revive(entry))
+                out.append(await self._revive(entry, node))
             except ForkpointError as error:
                 out.append(error)
         return out
 
-    async def _revive(self, entry: SessionEntry) -> Session:
+    async def _revive(self, entry: SessionEntry, node: str | None) -> Session:
         if entry.revive_from is None:
             raise Conflict(f"{entry.id} has no checkpoint in the store to be revived from")
-        node = await asyncio.to_thread(bundle_node, entry.group, entry.bundle)
         if node is None or not await asyncio.to_thread(self._alive, node):
             raise Conflict(
                 f"Ray has not placed {entry.id}'s reservation on a live node yet "
