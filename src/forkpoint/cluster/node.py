@@ -96,9 +96,10 @@ class NodeDaemon:
         from forkpoint.cluster.runtime import ClusterRuntime
 
         context = ray.get_runtime_context()
-        cluster = ClusterRuntime(context.gcs_address)
+        cluster: ClusterRuntime | None = None
         while True:
             try:
+                cluster = cluster or ClusterRuntime(context.gcs_address)
                 for result in await cluster.recover(on_node=context.get_node_id()):
                     _log.warning("auto-recover: %s", result)
             except Exception:  # keep going: the next round may find the store back

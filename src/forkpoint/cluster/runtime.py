@@ -398,7 +398,6 @@ class ClusterRuntime:
         """The cluster's checkpoints (of one session), oldest first, as the live nodes
         holding them describe them (one whose every copy was on lost nodes is not listed,
         though a fork still pulls it from the store)."""
-
         entries = self.records.checkpoints()
         described: dict[str, Checkpoint] = {}
         for held in self._ask_each(self.forkpoint_nodes(), "checkpoints").values():
@@ -436,6 +435,8 @@ class ClusterRuntime:
             memory_mib=entry.memory_mib, cpus=entry.cpus, network=Network.USER,
             node=self._name(entry.node),
         )  # fmt: skip
+
+    # -- operations on one session, run on its node --------------------------------------
 
     async def _on_session_node(self, method: str, session: str, *args: Any, **kwargs: Any) -> Any:
         entry = await asyncio.to_thread(self.live_entry, session)
