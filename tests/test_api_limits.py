@@ -72,7 +72,9 @@ class FakeRuntime:
         await self._work()
         return self._new()
 
-    async def fork(self, checkpoint: str, count: int = 1) -> list[Session | ForkpointError]:
+    async def fork(
+        self, checkpoint: str, count: int = 1, *, spread: bool = False
+    ) -> list[Session | ForkpointError]:
         await self._work()
         return [self._new() for _ in range(count)]
 
