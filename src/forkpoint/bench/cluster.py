@@ -54,10 +54,10 @@ async def cluster_suite(
     out: dict[str, Any] = {"rounds": rounds, "memory_mib": _MEMORY_MIB}
     log("a first session (boots its node's template)")
     first = await cluster.create(memory_mib=_MEMORY_MIB)
-    entry = await asyncio.to_thread(cluster.records.session, first.id)
-    node = entry.node
     checkpoint: str | None = None
     try:
+        entry = await asyncio.to_thread(cluster.records.session, first.id)
+        node = entry.node
         out["node"] = (await asyncio.to_thread(cluster.nodes))[node].name
         log(f"create ×{rounds} through the cluster, and by node {out['node']} itself")
         creates = []
@@ -92,9 +92,11 @@ async def cluster_suite(
                 cluster, taken.id, spread
             )
     finally:
-        await cluster.remove(first.id)
-        if checkpoint is not None:
-            await cluster.remove_checkpoint(checkpoint)
+        try:
+            await cluster.remove(first.id)
+        finally:
+            if checkpoint is not None:
+                await cluster.remove_checkpoint(checkpoint)
     return out
 
 

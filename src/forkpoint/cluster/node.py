@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forkpoint.errors import ForkpointError, InvalidInput, NotFound
@@ -58,14 +59,21 @@ class NodeDaemon:
 
     def _ready(self) -> None:
         """Once, in the actor's event loop (it exists only once a call runs): the fan-out
-        pool, and the reaper — lifetimes end on time and metrics are sampled, as beside
-        ``forkpoint serve``."""
+        pool, the reaper — lifetimes end on time and metrics are sampled, as beside
+        ``forkpoint serve`` — and the auto-recover policy if this node has it on (kept in
+        its home: a daemon Ray restarted keeps it)."""
         if self._reaper is None:
             from forkpoint.runtime.housekeeping.reaper import reap_forever
             from forkpoint.threads import use_fan_out_pool
 
             use_fan_out_pool()
             self._reaper = asyncio.get_running_loop().create_task(reap_forever(self.runtime))
+            if self._policy_file.exists():
+                self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
+
+    @property
+    def _policy_file(self) -> Path:
+        return self.runtime.home.root / "cluster-auto-recover"
 
     async def info(self) -> dict[str, Any]:
         """This node: its name, host, home and how many sessions run here."""
@@ -84,6 +92,10 @@ class NodeDaemon:
         lost sessions whose reservations Ray moved to this node — Ray's placement picks
         the node, as for a create, so nodes never race for one session."""
         self._ready()
+        if on:
+            self._policy_file.touch()
+        else:
+            self._policy_file.unlink(missing_ok=True)
         if on and self._reviver is None:
             self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
         elif not on and self._reviver is not None:
@@ -97,11 +109,17 @@ class NodeDaemon:
 
         context = ray.get_runtime_context()
         cluster: ClusterRuntime | None = None
+        told: set[str] = set()  # a failure is logged once, not every round
         while True:
             try:
-                cluster = cluster or ClusterRuntime(context.gcs_address)
+                if cluster is None:
+                    cluster = await asyncio.to_thread(ClusterRuntime, context.gcs_address)
                 for result in await cluster.recover(on_node=context.get_node_id()):
-                    _log.warning("auto-recover: %s", result)
+                    if not isinstance(result, ForkpointError):
+                        _log.warning("auto-recover revived %s here", result.id)
+                    elif str(result) not in told:
+                        told.add(str(result))
+                        _log.warning("auto-recover: %s", result)
             except Exception:  # keep going: the next round may find the store back
                 _log.exception("auto-recover failed")
             await asyncio.sleep(_REVIVE_EVERY_S)

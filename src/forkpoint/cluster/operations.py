@@ -13,7 +13,7 @@ ON_SESSION_NODE = frozenset(
         "history", "undo", "metrics", "restore_status", "console",
         # processes
         "ps", "list_processes", "kill_process", "signal_process", "send_stdin",
-        "resize_process",
+        "close_stdin", "resize_process",
         # files
         "read_file", "write_file", "list_files", "stat", "make_dir", "rename", "remove_file",
         "create_watcher", "watcher_events", "remove_watcher",

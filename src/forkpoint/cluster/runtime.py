@@ -29,7 +29,7 @@ from forkpoint.cluster.connection import (
 from forkpoint.cluster.operations import ON_SESSION_NODE
 from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
-from forkpoint.config import ApiLimits, home
+from forkpoint.config import ApiLimits, Home, home
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
 from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Network, Session, SessionState
 from forkpoint.runtime.admission import UNLIMITED, Admission
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["ClusterRuntime", "NodeView", "NodeLost"]
 
 _NODES_FRESH_S = 1.0
+_ANSWER_WITHIN_S = 30.0  # a daemon that hangs: a listing shows its sessions lost
 
 
 class NodeLost(Conflict):
@@ -71,10 +72,14 @@ class ClusterRuntime:
         #: Push every checkpoint to the store as it is taken (a lost session's latest).
         self.push = os.environ.get("FORKPOINT_CLUSTER_PUSH", "1") != "0"
         self._nodes: tuple[float, dict[str, NodeView]] | None = None
-        #: This client's own home: a long-lived door's socket and API token live there.
-        self.home = home().ensure()
+        self._daemons: dict[str, Any] = {}  # actor handles, by node
         #: What a long-lived door admits; counts the cluster's sessions (:meth:`serve_long_lived`).
         self.admission = Admission(UNLIMITED, self)
+
+    @functools.cached_property
+    def home(self) -> Home:
+        """This client's own home: a long-lived door's socket and API token live there."""
+        return home().ensure()
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -107,10 +112,16 @@ class ClusterRuntime:
         return [n for n, v in self.nodes().items() if v.alive and daemon_name(n) in named]
 
     def daemon(self, node: str) -> Any:
+        """``node``'s daemon (its handle asked of Ray's head once, then kept).
+
+        :raises NodeLost: no daemon runs there."""
         import ray
 
+        if node in self._daemons:
+            return self._daemons[node]
         try:
-            return ray.get_actor(daemon_name(node))
+            handle = self._daemons[node] = ray.get_actor(daemon_name(node))
+            return handle
         except ValueError:
             raise NodeLost(
                 f"node {self._name(node)} runs no forkpoint daemon "
@@ -147,6 +158,7 @@ class ClusterRuntime:
             raise InternalError(f"node {self._name(node)}: {error.cause!r}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
             # Dead, or not restartable: its node is gone (Ray may not have said so yet).
+            self._daemons.pop(node, None)  # a daemon joined anew is asked for again
             raise NodeLost(f"node {self._name(node)} went away during {method}") from None
 
     def _on(self, session: Session, node: str) -> Session:
@@ -240,7 +252,7 @@ class ClusterRuntime:
         (unless ``FORKPOINT_CLUSTER_PUSH=0``): its latest, to revive it from."""
         entry = await asyncio.to_thread(self.live_entry, session)
         made: Checkpoint = await self.call(entry.node, "checkpoint", entry.id, name, self.push)
-        qemu = self.nodes()[entry.node].labels.get(QEMU_LABEL)
+        qemu = (await asyncio.to_thread(self.nodes))[entry.node].labels.get(QEMU_LABEL)
         record = CheckpointEntry(
             made.id, made.name, entry.node, entry.memory_mib, entry.cpus, self.push, qemu
         )
@@ -300,6 +312,8 @@ class ClusterRuntime:
         for entry in await asyncio.to_thread(self.records.sessions):
             if await asyncio.to_thread(self._alive, entry.node):
                 continue
+            if on_node is not None and entry.revive_from is None:
+                continue  # a policy says nothing of what it cannot revive (recover does)
             node = await asyncio.to_thread(bundle_node, entry.group, entry.bundle)
             if on_node is not None and node != on_node:
                 continue
@@ -318,6 +332,11 @@ class ClusterRuntime:
                 "(no node has room for it): retry when one has"
             )
         session: Session = await self.call(node, "adopt", entry.revive_from, entry.id, entry.name)
+        try:  # removed meanwhile (its reservation released): the revived one goes too
+            await asyncio.to_thread(self.records.session, entry.id)
+        except NotFound:
+            await self.call(node, "remove", entry.id)
+            raise NotFound(f"{entry.id} was removed while it was being revived") from None
         await asyncio.to_thread(self.records.put_session, entry.moved(node))
         return self._on(session, node)
 
@@ -355,8 +374,8 @@ class ClusterRuntime:
                 asked.append((node, getattr(self.daemon(node), method).remote()))
         answered = {}
         for node, answer in asked:
-            with contextlib.suppress(ray.exceptions.RayError):
-                answered[node] = ray.get(answer)
+            with contextlib.suppress(ray.exceptions.RayError):  # a timeout among them
+                answered[node] = ray.get(answer, timeout=_ANSWER_WITHIN_S)
         return answered
 
     def get(self, session: str) -> Session:
@@ -486,6 +505,12 @@ class ClusterRuntime:
     async def rollback(self, session: str, checkpoint: str | None = None) -> Session:
         """Roll a session back on its node; a node loss then revives the state rolled
         back to (when that checkpoint is in the store), not the one rolled back from."""
+        if checkpoint is not None:  # taken elsewhere: the node pulls it first (if in the store)
+            entry = await asyncio.to_thread(self.live_entry, session)
+            with contextlib.suppress(NotFound):
+                source = await asyncio.to_thread(self.records.checkpoint, checkpoint)
+                if source.pushed:
+                    await self.call(entry.node, "pull", source.id)
         rolled: Session = await self._on_session_node("rollback", session, checkpoint)
         entry = await asyncio.to_thread(self.records.session, rolled.id)
         target = rolled.parent_checkpoint

@@ -441,7 +441,9 @@ class ApiClient:
     async def fork(
         self, checkpoint: str, count: int, spread: bool = False
     ) -> list[Session | ForkpointError]:
-        body = {"count": count, "spread": spread}
+        body: dict[str, Any] = {"count": count}
+        if spread:  # only when asked: a server from before it refuses the field
+            body["spread"] = True
         return _slots(await self.call("fork", checkpoint, body=body))
 
     async def verify_checkpoint(self, checkpoint: str) -> list[FileCheck]:
