@@ -95,14 +95,20 @@ def _by_node(sessions: list[dict[str, Any]]) -> Counter[str]:
     return Counter(s["node"] for s in sessions)
 
 
+def _start_server(net: ClusterNet, session: str) -> int:
+    """The server started in ``session`` and listening (before a checkpoint takes it:
+    under load it may take seconds to bind); its pid."""
+    started = net.cli("exec", session, "-b", "--", *_SERVER.split()).stdout
+    probe = "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:8000\")'"
+    wait = f"for i in $(seq 120); do {probe} 2>/dev/null && exit 0; sleep 0.5; done"
+    net.cli("exec", session, "--", "sh", "-c", wait + "; exit 1")
+    return int(started.split()[2])  # "started pid N (log: …)"
+
+
 def test_sessions_are_placed_by_ray_and_outlive_their_node(cluster: ClusterNet) -> None:
     net = cluster
     source = net.json("create", "--port", "8000", "--memory", "256")
-    started = net.cli("exec", source["id"], "-b", "--", *_SERVER.split()).stdout
-    pid = int(started.split()[2])  # "started pid N (log: …)"
-    probe = "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:8000\")'"
-    wait = f"for i in $(seq 120); do {probe} 2>/dev/null && exit 0; sleep 0.5; done"
-    net.cli("exec", source["id"], "--", "sh", "-c", wait + "; exit 1")
+    pid = _start_server(net, source["id"])
     checkpoint = net.json("checkpoint", source["id"], "--name", "ready")
 
     # A lifetime ends on its node, as on one host; the cluster then forgets the session
@@ -256,8 +262,7 @@ def test_auto_recover_revives_a_lost_session_without_asking(cluster: ClusterNet)
     for node in net.nodes:
         assert net.join(node, "--ray-running", "--auto-recover")["auto_recover"] is True
     session = net.json("create", "--port", "8000", "--memory", "256")
-    started = net.cli("exec", session["id"], "-b", "--", *_SERVER.split()).stdout
-    pid = int(started.split()[2])
+    pid = _start_server(net, session["id"])
     net.json("checkpoint", session["id"], "--name", "auto")
     origin = session["node"]
     net.power_off(origin)
