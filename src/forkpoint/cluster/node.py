@@ -52,6 +52,7 @@ class NodeDaemon:
         self.runtime = Runtime.open()
         self._reaper: asyncio.Task[None] | None = None
         self._reviver: asyncio.Task[None] | None = None  # the auto-recover policy, when on
+        self._revives_at_start = self._policy_file.exists()
         self._adopting = asyncio.Lock()
         self._tunnels: dict[int, tuple[contextlib.AsyncExitStack, TunnelReader, TunnelWriter]]
         self._tunnels = {}
@@ -68,7 +69,7 @@ class NodeDaemon:
 
             use_fan_out_pool()
             self._reaper = asyncio.get_running_loop().create_task(reap_forever(self.runtime))
-            if self._policy_file.exists():
+            if self._revives_at_start:
                 self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
 
     @property
@@ -93,9 +94,9 @@ class NodeDaemon:
         the node, as for a create, so nodes never race for one session."""
         self._ready()
         if on:
-            self._policy_file.touch()
+            await asyncio.to_thread(self._policy_file.touch)
         else:
-            self._policy_file.unlink(missing_ok=True)
+            await asyncio.to_thread(self._policy_file.unlink, missing_ok=True)
         if on and self._reviver is None:
             self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
         elif not on and self._reviver is not None:
