@@ -195,12 +195,12 @@ class ClusterNet:
         argv = _in(_HEAD, str(_BIN / "ray"), "status", "--address", self.address)
         return _sh(*argv, env=self.env()).stdout
 
-    def head(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def head(self, *argv: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
         """A command in the head's namespace (curl through a tunnel)."""
-        return _sh(*_in(_HEAD, *argv), env=self.env(), check=check)
+        return _sh(*_in(_HEAD, *argv), env=self.env(**env), check=check)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        """``forkpoint ARGS`` left running (a tunnel)."""
+        """``forkpoint ARGS`` left running (a tunnel, a server)."""
         return subprocess.Popen(
             _in(_HEAD, str(_BIN / "forkpoint"), *args), env=self.env(), text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -255,6 +255,55 @@ def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
     _ray_reserves(net, 0.0)
 
 
+def test_the_e2b_gateway_serves_the_cluster(cluster: ClusterNet) -> None:
+    """``forkpoint serve --e2b`` with ``FORKPOINT_CLUSTER`` set: the flagship E2B example,
+    unmodified, with the real ``e2b`` SDK (create, a server reached through ``get_host``,
+    fork ×3 at the same PID, pause and connect, rollback, kill) on sessions Ray placed;
+    the sandboxes' rows in the cluster's store, gone with them."""
+    net = cluster
+    gateway = net.popen("serve", "--e2b", "--port", "3000")
+    try:
+        deadline = time.monotonic() + 60
+        while net.head(
+            "curl", "-s", "-o", "/dev/null", "http://127.0.0.1:3000/", check=False
+        ).returncode:
+            assert gateway.poll() is None, gateway.communicate()
+            assert time.monotonic() < deadline, "the E2B gateway never listened"
+            time.sleep(0.5)
+        e2b_env = net.json("e2b", "env", "--port", "3000")
+        example = Path(__file__).parents[1] / "examples" / "e2b_quickstart.py"
+        ran = net.head(sys.executable, str(example), check=False, **e2b_env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        served = re.findall(r"^(fork )?(s-\w+)", ran.stdout, re.MULTILINE)
+        assert len(served) == 4, ran.stdout  # the sandbox and its three forks answered
+        # Its snapshot is the cluster's: the gateway's own host made nothing.
+        snapshots = net.json("checkpoints")
+        assert [c["session_id"] for c in snapshots] == [served[0][1]], snapshots
+        assert _sandbox_rows(net) == []
+    finally:
+        gateway.terminate()
+        gateway.communicate()
+    net.cli("checkpoint", "rm", snapshots[0]["id"])
+    assert net.json("ls") == []
+    client = Store.open(Home(net.root / "client"))
+    try:
+        assert client.list_sessions() == [] and client.list_checkpoints() == []
+    finally:
+        client.close()
+    _ray_reserves(net, 0.0)
+
+
+def _sandbox_rows(net: ClusterNet) -> list[str]:
+    """The E2B sandbox rows in the cluster's store (listed by the client, which reaches it)."""
+    code = (
+        "from forkpoint.cluster.connection import store_url; "
+        "from forkpoint.cluster.records import SandboxEntries; "
+        "from forkpoint.runtime.checkpoints.portable.objects import S3Store; "
+        "print(' '.join(r.session_id for r in SandboxEntries(S3Store(store_url())).list()))"
+    )
+    return net.head(sys.executable, "-c", code).stdout.split()
+
+
 def test_auto_recover_revives_a_lost_session_without_asking(cluster: ClusterNet) -> None:
     """With the policy on (joining again turns it on), the node Ray moves a lost
     session's reservation to revives it on its own: same id, processes at the same PIDs."""

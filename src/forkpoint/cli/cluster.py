@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from forkpoint.cli._run import print_table, spinner
-from forkpoint.cli.core import cluster, emit_json
+from forkpoint.cli.core import emit_json
 from forkpoint.cli.output import JSON_OPTION, console, reports_errors
 from forkpoint.config import cluster_address
 from forkpoint.errors import NotConfigured
@@ -107,9 +107,10 @@ def status_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """The cluster's nodes: their sessions, and what forkpoint reserved of each."""
+    from forkpoint.cluster.runtime import ClusterRuntime
     from forkpoint.cluster.status import cluster_status
 
-    status = cluster_status(cluster(_address(address)))
+    status = cluster_status(ClusterRuntime(_address(address)))
     if as_json:
         emit_json(status)
         return

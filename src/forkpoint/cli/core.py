@@ -11,19 +11,17 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from forkpoint.errors import InvalidInput
 from forkpoint.models import to_json_data
 
 if TYPE_CHECKING:
-    from forkpoint.cluster.runtime import ClusterRuntime
     from forkpoint.models import BackgroundProcess, CommandResult, Session
     from forkpoint.runtime import Runtime
     from forkpoint.runtime.queries import Queries
 
 __all__ = [
-    "cluster",
     "emit_json",
     "exec_command",
     "get_session",
@@ -45,8 +43,10 @@ def run(operation: Callable[[Runtime], Awaitable[T]]) -> T:
     from forkpoint.runtime import Runtime
     from forkpoint.threads import use_fan_out_pool
 
-    if (address := cluster_address()) is not None:
-        on_cluster = cast("Runtime", cluster(address))
+    if cluster_address() is not None:
+        from forkpoint.cluster.doors import open_runtime
+
+        on_cluster = open_runtime()
 
         async def remotely() -> T:
             return await operation(on_cluster)
@@ -84,20 +84,15 @@ def parse_env(pairs: Sequence[str] | None) -> dict[str, str]:
     return env
 
 
-def cluster(address: str) -> ClusterRuntime:
-    """The cluster's runtime (``FORKPOINT_CLUSTER``): Ray is loaded only here."""
-    from forkpoint.cluster.runtime import ClusterRuntime
-
-    return ClusterRuntime(address)
-
-
 @contextmanager
 def queries() -> Iterator[Queries]:
     """The runtime's reads alone: no VM engine, no asyncio (``ls``/``show`` stay fast)."""
     from forkpoint.config import cluster_address, home
 
-    if (address := cluster_address()) is not None:
-        yield cast("Queries", cluster(address))
+    if cluster_address() is not None:
+        from forkpoint.cluster.doors import open_runtime
+
+        yield open_runtime()  # the cluster's: Ray is loaded only then
         return
     from forkpoint.runtime.housekeeping.upkeep import due_to_pause
     from forkpoint.runtime.queries import Queries

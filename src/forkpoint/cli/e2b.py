@@ -95,15 +95,22 @@ def serve_e2b(
     """Serve the gateway until interrupted (the caller checked ``host``)."""
     import socket
 
+    from forkpoint.cluster.doors import gateway_tables, open_runtime
+    from forkpoint.config import cluster_address
     from forkpoint.e2b import GatewayConfig, TokenFile, run_gateway
     from forkpoint.e2b.tls import LocalCA
-    from forkpoint.errors import Conflict
-    from forkpoint.runtime import Runtime
+    from forkpoint.errors import Conflict, InvalidInput
     from forkpoint.server import bind_tcp
 
+    if template_builds and cluster_address() is not None:
+        raise InvalidInput(
+            "E2B template builds are not available on a cluster yet (a build runs on one "
+            "host; every node would need its image): unset FORKPOINT_CLUSTER to build"
+        )
     # The API key and the CA exist before the port accepts anyone: a client that connects
     # at once (a test waiting for the port) finds them (`forkpoint e2b env` makes them too).
-    runtime = Runtime.open()
+    runtime = open_runtime()  # with FORKPOINT_CLUSTER set: the cluster's
+    tables = gateway_tables(runtime)
     token_path = runtime.home.token
     if not token_path.exists():
         from forkpoint.server import write_token
@@ -137,8 +144,9 @@ def serve_e2b(
         asyncio.run(
             run_gateway(
                 runtime, config, api_socket, proxy_sockets, TokenFile(token_path),
-                log_level=log_level,
+                tables=tables, log_level=log_level,
             )
         )  # fmt: skip
     finally:
+        tables.templates.close()  # the runtime's own store on one host (closing is idempotent)
         runtime.close()

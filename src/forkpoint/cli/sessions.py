@@ -22,7 +22,7 @@ from forkpoint.cli._run import (
     spinner,
 )
 from forkpoint.cli._run import styled_state as _state
-from forkpoint.cli.core import cluster, list_sessions, queries
+from forkpoint.cli.core import list_sessions, queries
 from forkpoint.cli.options import (
     AllowNetOption,
     CpusOption,
@@ -302,8 +302,8 @@ def port_command(
     this serves the guest port on this machine's 127.0.0.1 instead, tunnelled through the
     cluster to the session's node, until interrupted.
     """
-    if (address := cluster_address()) is not None:
-        _tunnel(address, session, guest_port, local_port, as_json)
+    if cluster_address() is not None:
+        _tunnel(session, guest_port, local_port, as_json)
         return
 
     async def op(runtime: Runtime) -> Port:
@@ -316,10 +316,11 @@ def port_command(
     console.print(f"port {info.guest_port} → {info.url}", highlight=False)
 
 
-def _tunnel(address: str, session: str, guest_port: int, local_port: int, as_json: bool) -> None:
+def _tunnel(session: str, guest_port: int, local_port: int, as_json: bool) -> None:
     import asyncio
     import contextlib
 
+    from forkpoint.cluster.doors import open_runtime
     from forkpoint.cluster.tunnel import serve_tunnel
 
     def listening(port: int) -> None:
@@ -330,7 +331,7 @@ def _tunnel(address: str, session: str, guest_port: int, local_port: int, as_jso
             console.print(f"port {guest_port} → {url} (tunnelled; Ctrl-C ends it)", highlight=False)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_tunnel(cluster(address), session, guest_port, local_port, listening))
+        asyncio.run(serve_tunnel(open_runtime(), session, guest_port, local_port, listening))
 
 
 @reports_errors

@@ -1,6 +1,6 @@
 """The runtime a door serves: this host's, or the cluster's when ``FORKPOINT_CLUSTER`` is
-set. Every door (CLI, REST, SDK, MCP) opens its runtime here, so each of them works on a
-cluster the same way; Ray is imported only in cluster mode."""
+set. Every door (CLI, REST, SDK, MCP, the E2B gateway) opens its runtime here, so each
+of them works on a cluster the same way; Ray is imported only in cluster mode."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, cast
 from forkpoint.config import cluster_address
 
 if TYPE_CHECKING:
+    from forkpoint.e2b.tables import GatewayTables
     from forkpoint.runtime import Runtime
 
-__all__ = ["open_runtime"]
+__all__ = ["gateway_tables", "open_runtime"]
 
 
 def open_runtime() -> Runtime:
@@ -26,3 +27,19 @@ def open_runtime() -> Runtime:
     from forkpoint.cluster.runtime import ClusterRuntime
 
     return cast("Runtime", ClusterRuntime(address))
+
+
+def gateway_tables(runtime: Runtime) -> GatewayTables:
+    """Where the E2B gateway serving ``runtime`` keeps its rows: on one host in its store;
+    on a cluster its sandboxes' in the cluster's store (a revived sandbox keeps its
+    tokens), its template builds' in this host's (closed with it by the caller)."""
+    from forkpoint.e2b.tables import GatewayTables
+
+    if cluster_address() is None:
+        return GatewayTables.beside(runtime.store)
+    from forkpoint.cluster.records import SandboxEntries
+    from forkpoint.cluster.runtime import ClusterRuntime
+    from forkpoint.store import Store
+
+    cluster = cast("ClusterRuntime", runtime)
+    return GatewayTables(SandboxEntries(cluster.records.store), Store.open(runtime.home))

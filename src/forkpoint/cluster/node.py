@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     from forkpoint.models import (
         BackgroundProcess,
         Checkpoint,
+        CheckpointKind,
         CheckpointTransfer,
         CommandResult,
+        FileEvent,
         ProcessEvent,
         Session,
     )
@@ -69,8 +71,7 @@ class NodeDaemon:
 
             use_fan_out_pool()
             self._reaper = asyncio.get_running_loop().create_task(reap_forever(self.runtime))
-            if self._revives_at_start:
-                self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
+            self._revive(self._revives_at_start)
 
     @property
     def _policy_file(self) -> Path:
@@ -97,6 +98,10 @@ class NodeDaemon:
             await asyncio.to_thread(self._policy_file.touch)
         else:
             await asyncio.to_thread(self._policy_file.unlink, missing_ok=True)
+        self._revive(on)
+
+    def _revive(self, on: bool) -> None:
+        """Run the auto-recover policy's loop, or stop it."""
         if on and self._reviver is None:
             self._reviver = asyncio.get_running_loop().create_task(self._revive_forever())
         elif not on and self._reviver is not None:
@@ -171,15 +176,22 @@ class NodeDaemon:
         self._ready()
         return await getattr(self.runtime, method)(session, *args, **kwargs)
 
-    async def process_events(
+    async def events(
         self, method: str, session: str, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> AsyncIterator[ProcessEvent]:
-        """A guest process started here (``start_process``) or re-attached
-        (``attach_process``): its events, streamed to the client as they come (a Ray
-        streaming generator)."""
-        if method not in ("start_process", "attach_process"):
-            raise InvalidInput(f"{method} is not a process stream")
+    ) -> AsyncIterator[ProcessEvent | FileEvent | None]:
+        """A stream of events, sent to the client as they come (a Ray streaming
+        generator): a guest process's, started here (``start_process``) or re-attached
+        (``attach_process``), or a directory's changes (``watch_dir``: None first, once
+        it is watched)."""
         self._ready()
+        if method == "watch_dir":
+            async with self.runtime.watch_dir(session, *args, **kwargs) as watch:
+                yield None
+                async for change in watch:
+                    yield change
+            return
+        if method not in ("start_process", "attach_process"):
+            raise InvalidInput(f"{method} is not a stream of events")
         async for event in getattr(self.runtime, method)(session, *args, **kwargs):
             yield event
 
@@ -200,11 +212,13 @@ class NodeDaemon:
             await self._have(checkpoint)
             return await self.runtime.adopt(checkpoint, session_id, name)
 
-    async def checkpoint(self, session: str, name: str | None, push: bool) -> Checkpoint:
+    async def checkpoint(
+        self, session: str, name: str | None, push: bool, kind: CheckpointKind
+    ) -> Checkpoint:
         """Checkpoint ``session``; with ``push``, into the store too (any node can then
         restore it, and a lost session is revived from it)."""
         self._ready()
-        made = await self.runtime.checkpoint(session, name=name)
+        made = await self.runtime.checkpoint(session, name=name, kind=kind)
         if push:
             await self.runtime.push_checkpoint(made.id, self.store)
         return made
@@ -242,9 +256,12 @@ class NodeDaemon:
     async def sessions(self) -> list[Session]:
         return await asyncio.to_thread(self.runtime.list_sessions)
 
-    async def checkpoints(self) -> list[Checkpoint]:
-        """This home's checkpoints (taken or pulled here), as ``forkpoint checkpoints``."""
-        return await asyncio.to_thread(self.runtime.list_checkpoints)
+    async def checkpoints(self, kinds: Sequence[CheckpointKind]) -> list[Checkpoint]:
+        """This home's checkpoints of ``kinds`` (taken or pulled here)."""
+        return await asyncio.to_thread(self.runtime.list_checkpoints, kinds=kinds)
+
+    async def filters_egress(self) -> bool:
+        return self.runtime.filters_egress
 
     async def get(self, session: str) -> Session:
         return await asyncio.to_thread(self.runtime.get, session)

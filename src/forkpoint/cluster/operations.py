@@ -9,7 +9,8 @@ __all__ = ["ON_SESSION_NODE"]
 ON_SESSION_NODE = frozenset(
     {
         # lifetime and state
-        "set_timeout", "pause", "resume", "set_egress", "rollback", "rollback_preview",
+        "set_timeout", "pause", "resume", "set_egress", "injected_headers", "rollback",
+        "rollback_preview",
         "history", "undo", "metrics", "restore_status", "console",
         # processes
         "ps", "list_processes", "kill_process", "signal_process", "send_stdin",

@@ -4,7 +4,9 @@ A node's own store is the truth about what runs there; these records are what su
 the node: where a session ran, the placement-group bundle Ray reserved for it, the
 checkpoint it would be revived from. They live in the store (``cluster/sessions/<id>``,
 ``cluster/checkpoints/<id>``), not in Ray's head, so neither a node's nor the head's loss
-loses them.
+loses them. The E2B gateway's row of a sandbox (``cluster/e2b/<id>``: its tokens,
+metadata, template) lives there too, so a revived sandbox keeps them; it goes with its
+session's record.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from typing import Any
 
 from forkpoint.errors import NotFound
 from forkpoint.runtime.checkpoints.portable.objects import S3Store
+from forkpoint.store.e2b import E2bSandboxRecord
 
-__all__ = ["CheckpointEntry", "Records", "SessionEntry"]
+__all__ = ["CheckpointEntry", "Records", "SandboxEntries", "SessionEntry"]
 
 _SESSIONS = "cluster/sessions/"
 _CHECKPOINTS = "cluster/checkpoints/"
+_SANDBOXES = "cluster/e2b/"
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class Records:
         self.store.put_bytes(_SESSIONS + entry.id, _encode(entry), overwrite=True)
 
     def sessions(self) -> list[SessionEntry]:
-        return [SessionEntry(**fields) for fields in self._all(_SESSIONS)]
+        return [SessionEntry(**fields) for fields in _all(self.store, _SESSIONS)]
 
     def session(self, ref: str) -> SessionEntry:
         """By id or name. :raises NotFound:"""
@@ -71,12 +75,13 @@ class Records:
 
     def drop_session(self, session_id: str) -> None:
         self.store.delete(_SESSIONS + session_id)
+        self.store.delete(_SANDBOXES + session_id)  # an E2B sandbox's row goes with it
 
     def put_checkpoint(self, entry: CheckpointEntry) -> None:
         self.store.put_bytes(_CHECKPOINTS + entry.id, _encode(entry), overwrite=True)
 
     def checkpoints(self) -> list[CheckpointEntry]:
-        return [CheckpointEntry(**fields) for fields in self._all(_CHECKPOINTS)]
+        return [CheckpointEntry(**fields) for fields in _all(self.store, _CHECKPOINTS)]
 
     def checkpoint(self, ref: str) -> CheckpointEntry:
         """By id (one GET) or name. :raises NotFound:"""
@@ -90,15 +95,41 @@ class Records:
     def drop_checkpoint(self, checkpoint_id: str) -> None:
         self.store.delete(_CHECKPOINTS + checkpoint_id)
 
-    def _all(self, prefix: str) -> list[dict[str, Any]]:
-        found = []
-        for key in self.store.keys(prefix):
-            try:
-                found.append(json.loads(self.store.get_bytes(key)))
-            except NotFound:  # removed since it was listed
-                continue
-        return found
+
+class SandboxEntries:
+    """The E2B gateway's sandbox rows on a cluster (its ``SandboxRecords``)."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    def insert(self, record: E2bSandboxRecord) -> E2bSandboxRecord:
+        self.store.put_bytes(_SANDBOXES + record.session_id, _encode(record))
+        return record
+
+    def get(self, session_id: str) -> E2bSandboxRecord:
+        """:raises NotFound:"""
+        try:
+            return E2bSandboxRecord(**json.loads(self.store.get_bytes(_SANDBOXES + session_id)))
+        except NotFound:
+            raise NotFound(f"sandbox {session_id} not found") from None
+
+    def list(self) -> list[E2bSandboxRecord]:
+        found = [E2bSandboxRecord(**fields) for fields in _all(self.store, _SANDBOXES)]
+        return sorted(found, key=lambda r: r.started_at)
+
+    def delete(self, session_id: str) -> None:
+        self.store.delete(_SANDBOXES + session_id)
 
 
-def _encode(entry: SessionEntry | CheckpointEntry) -> bytes:
+def _all(store: S3Store, prefix: str) -> list[dict[str, Any]]:
+    found = []
+    for key in store.keys(prefix):
+        try:
+            found.append(json.loads(store.get_bytes(key)))
+        except NotFound:  # removed since it was listed
+            continue
+    return found
+
+
+def _encode(entry: SessionEntry | CheckpointEntry | E2bSandboxRecord) -> bytes:
     return json.dumps(asdict(entry), sort_keys=True).encode()

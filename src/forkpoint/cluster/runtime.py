@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -29,14 +29,29 @@ from forkpoint.cluster.connection import (
 from forkpoint.cluster.operations import ON_SESSION_NODE
 from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
+from forkpoint.cluster.tunnel import NodeStreamReader, NodeStreamWriter, node_streams
 from forkpoint.config import ApiLimits, Home, home
 from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
-from forkpoint.models import DEFAULT_CPUS, DEFAULT_MEMORY_MIB, Network, Session, SessionState
+from forkpoint.models import (
+    DEFAULT_CPUS,
+    DEFAULT_MEMORY_MIB,
+    CheckpointKind,
+    Network,
+    Session,
+    SessionState,
+)
 from forkpoint.runtime.admission import UNLIMITED, Admission
+from forkpoint.runtime.queries import LISTED_KINDS
 
 if TYPE_CHECKING:
     from forkpoint.agent_client import OutputCallback
-    from forkpoint.models import BackgroundProcess, Checkpoint, CommandResult, ProcessEvent
+    from forkpoint.models import (
+        BackgroundProcess,
+        Checkpoint,
+        CommandResult,
+        FileEvent,
+        ProcessEvent,
+    )
 
 __all__ = ["ClusterRuntime", "NodeView", "NodeLost"]
 
@@ -247,11 +262,15 @@ class ClusterRuntime:
             return error
         return self._on(session, node)
 
-    async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:
+    async def checkpoint(
+        self, session: str, name: str | None = None, *, kind: CheckpointKind = CheckpointKind.USER
+    ) -> Checkpoint:
         """Checkpoint a session on its node, and push it to the store as it is taken
         (unless ``FORKPOINT_CLUSTER_PUSH=0``): its latest, to revive it from."""
         entry = await asyncio.to_thread(self.live_entry, session)
-        made: Checkpoint = await self.call(entry.node, "checkpoint", entry.id, name, self.push)
+        made: Checkpoint = await self.call(
+            entry.node, "checkpoint", entry.id, name, self.push, kind
+        )
         qemu = (await asyncio.to_thread(self.nodes))[entry.node].labels.get(QEMU_LABEL)
         record = CheckpointEntry(
             made.id, made.name, entry.node, entry.memory_mib, entry.cpus, self.push, qemu
@@ -363,7 +382,7 @@ class ClusterRuntime:
         self._forget(gone, entries)
         return [live.get(e.id) or self._lost(e) for e in entries if e not in gone]
 
-    def _ask_each(self, nodes: Iterable[str], method: str) -> dict[str, Any]:
+    def _ask_each(self, nodes: Iterable[str], method: str, *args: Any) -> dict[str, Any]:
         """``method`` of every node's daemon, side by side: the answers of those that
         answered (a node gone meanwhile answers nothing: its sessions show lost)."""
         import ray
@@ -371,7 +390,7 @@ class ClusterRuntime:
         asked = []
         for node in nodes:
             with contextlib.suppress(NodeLost):
-                asked.append((node, getattr(self.daemon(node), method).remote()))
+                asked.append((node, getattr(self.daemon(node), method).remote(*args)))
         answered = {}
         for node, answer in asked:
             with contextlib.suppress(ray.exceptions.RayError):  # a timeout among them
@@ -413,13 +432,16 @@ class ClusterRuntime:
                     return cast("Checkpoint", found)
         raise NotFound(f"checkpoint {entry.id} is on no live node")
 
-    def list_checkpoints(self, session: str | None = None) -> list[Checkpoint]:
-        """The cluster's checkpoints (of one session), oldest first, as the live nodes
-        holding them describe them (one whose every copy was on lost nodes is not listed,
-        though a fork still pulls it from the store)."""
+    def list_checkpoints(
+        self, session: str | None = None, *, kinds: Sequence[CheckpointKind] = LISTED_KINDS
+    ) -> list[Checkpoint]:
+        """The cluster's checkpoints (of one session; of ``kinds``), oldest first, as the
+        live nodes holding them describe them (one whose every copy was on lost nodes is
+        not listed, though a fork still pulls it from the store)."""
         entries = self.records.checkpoints()
         described: dict[str, Checkpoint] = {}
-        for held in self._ask_each(self.forkpoint_nodes(), "checkpoints").values():
+        asked = self._ask_each(self.forkpoint_nodes(), "checkpoints", tuple(kinds))
+        for held in asked.values():
             for found in held:
                 described.setdefault(found.id, found)
         of = self.records.session(session).id if session is not None else None
@@ -427,6 +449,25 @@ class ClusterRuntime:
         return sorted(
             (c for c in listed if of is None or c.session_id == of), key=lambda c: c.created_at
         )
+
+    @property
+    def filters_egress(self) -> bool:
+        """Whether every node holds its guests to their egress rules (runs them jailed)."""
+        answers = self._ask_each(self.forkpoint_nodes(), "filters_egress")
+        return bool(answers) and all(answers.values())
+
+    @contextlib.asynccontextmanager
+    async def tcp_tunnel(
+        self, session: str, guest_port: int
+    ) -> AsyncIterator[tuple[NodeStreamReader, NodeStreamWriter]]:
+        """A byte stream to ``guest_port`` in the guest, through its node's daemon and
+        agent: no port is opened on any address. :raises NotFound: nothing listens there
+        (on enter). :raises NodeLost:"""
+        entry = await asyncio.to_thread(self.live_entry, session)
+        async with node_streams(
+            functools.partial(self.call, entry.node), entry.id, guest_port
+        ) as pair:
+            yield pair
 
     def latest_metrics(self) -> dict[str, Any]:
         return {}  # sampled by each node's own long-lived door, not gathered yet
@@ -479,19 +520,32 @@ class ClusterRuntime:
         self, session: str, cmd: str, args: Sequence[str] = (), **options: Any
     ) -> AsyncIterator[ProcessEvent]:
         """A guest process on the session's node: its events as they come."""
-        return self._process_events("start_process", session, (cmd, tuple(args)), options)
+        return self._events("start_process", session, (cmd, tuple(args)), options)
 
     def attach_process(self, session: str, pid: int) -> AsyncIterator[ProcessEvent]:
-        return self._process_events("attach_process", session, (pid,), {})
+        return self._events("attach_process", session, (pid,), {})
 
-    async def _process_events(
+    @contextlib.asynccontextmanager
+    async def watch_dir(
+        self, session: str, path: str, **options: Any
+    ) -> AsyncIterator[AsyncIterator[FileEvent]]:
+        """Watch a guest directory on the session's node while the block runs: iterate
+        for each change as it comes. :raises NotFound: no such directory (on enter)."""
+        changes = self._events("watch_dir", session, (path,), options)
+        try:
+            await anext(changes)  # None: it is watched
+            yield cast("AsyncIterator[FileEvent]", changes)
+        finally:
+            await changes.aclose()
+
+    async def _events(
         self, method: str, session: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> AsyncIterator[ProcessEvent]:
+    ) -> AsyncGenerator[Any]:
         import ray
 
         entry = await asyncio.to_thread(self.live_entry, session)
         daemon = self.daemon(entry.node)
-        events = daemon.process_events.options(num_returns="streaming").remote(
+        events = daemon.events.options(num_returns="streaming").remote(
             method, entry.id, args, kwargs
         )
         try:

@@ -36,9 +36,10 @@ from forkpoint.models import (
     SessionState,
 )
 from forkpoint.runtime import Runtime
-from forkpoint.store.e2b import E2bSandboxRecord, E2bStore
+from forkpoint.store.e2b import E2bSandboxRecord
 
 from .network import Egress
+from .tables import GatewayTables
 from .template_builds import TemplateBuilds
 
 __all__ = [
@@ -140,11 +141,14 @@ class TrafficDenied(Exception):
 class Sandboxes:
     """The gateway's sandbox operations (one instance per server)."""
 
-    def __init__(self, runtime: Runtime, config: GatewayConfig) -> None:
+    def __init__(
+        self, runtime: Runtime, config: GatewayConfig, tables: GatewayTables | None = None
+    ) -> None:
         self.runtime = runtime
         self.config = config
-        self.records = E2bStore(runtime.store)
-        self.templates = TemplateBuilds(runtime, config.memory_mib, config.cpus)
+        tables = tables or GatewayTables.beside(runtime.store)
+        self.records = tables.sandboxes
+        self.templates = TemplateBuilds(runtime, tables.templates, config.memory_mib, config.cpus)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -297,8 +301,7 @@ class Sandboxes:
         await asyncio.to_thread(self.get, sandbox_id)
         headers = egress.headers
         if headers is None:  # E2B: rules left out of an update stay as they are
-            record = await asyncio.to_thread(self.runtime.store.get_session, sandbox_id)
-            headers = record.egress.get("headers", {})  # as EgressPolicy.to_json keeps them
+            headers = await self.runtime.injected_headers(sandbox_id)
         await self.runtime.set_egress(sandbox_id, egress.allow, egress.deny, headers)
 
     def _timeout(self, timeout_s: int | None) -> int:

@@ -20,6 +20,7 @@ from .app import create_e2b_app
 from .listener import TlsOrPlainListener
 from .proxy import SandboxProxy
 from .sandboxes import GatewayConfig, Sandboxes
+from .tables import GatewayTables
 from .tls import LocalCA
 
 __all__ = ["TokenFile", "run_gateway"]
@@ -50,17 +51,19 @@ async def run_gateway(
     proxy_sockets: list[socket.socket],
     token: TokenFile,
     *,
+    tables: GatewayTables | None = None,
     reap_interval_s: float = 1.0,
     log_level: str = "warning",
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set."""
+    """Serve until SIGINT/SIGTERM (which uvicorn handles) or ``stop`` is set; the
+    gateway's rows in ``tables`` (default: the runtime's store)."""
     use_fan_out_pool()
     try:
         runtime.serve_long_lived(config.limits or ApiLimits.from_env())
     except ValueError as error:
         raise InvalidInput(str(error)) from None
-    sandboxes = Sandboxes(runtime, config)
+    sandboxes = Sandboxes(runtime, config, tables)
     app = create_e2b_app(sandboxes, token)
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False)

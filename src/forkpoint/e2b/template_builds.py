@@ -28,7 +28,7 @@ from forkpoint.images import build_oci_image, get_image
 from forkpoint.images.podman_base import podman_base
 from forkpoint.images.recipe import E2B_BASE_IMAGE
 from forkpoint.runtime import Runtime
-from forkpoint.store import utc_now
+from forkpoint.store import Store, utc_now
 from forkpoint.store.e2b_templates import E2bTemplatesStore, TemplateBuildRecord
 
 from .template_dockerfile import BASE_STEP, FINALIZE_STEP, TemplateSpec, to_dockerfile
@@ -89,9 +89,9 @@ def check_tags(tags: list[str]) -> list[str]:
 class TemplateBuilds:
     """The gateway's template builds: its store rows, uploaded files and running builds."""
 
-    def __init__(self, runtime: Runtime, memory_mib: int, cpus: int) -> None:
+    def __init__(self, runtime: Runtime, store: Store, memory_mib: int, cpus: int) -> None:
         self.runtime = runtime
-        self.store = E2bTemplatesStore(runtime.store)
+        self.store = E2bTemplatesStore(store)
         self.files = runtime.home.root / "e2b-template-files"
         self.memory_mib = memory_mib
         self.cpus = cpus

@@ -85,6 +85,7 @@ class Runtime(Queries):
         self.disk_bytes = sessions.disk_bytes
         self.set_timeout = lifetimes.set_timeout
         self.set_egress = egress.set_egress
+        self.injected_headers = egress.injected_headers
         self.expire = lifetimes.expire
         self.pause = announce(lifetimes.pause, became(EventKind.PAUSED))
         self.resume = announce(lifetimes.resume, became(EventKind.RESUMED))

@@ -22,6 +22,13 @@ class EgressRules:
     def __init__(self, context: RuntimeContext) -> None:
         self.context = context
 
+    async def injected_headers(self, session: str) -> dict[str, dict[str, str]]:
+        """The headers the session's egress proxy sets, by host (not shown in a
+        :class:`Session`: they are credentials). :raises NotFound:"""
+        record = await asyncio.to_thread(self.context.store.get_session, session)
+        headers: dict[str, dict[str, str]] = record.egress.get("headers", {})
+        return headers  # as EgressPolicy.to_json keeps them
+
     async def set_egress(
         self,
         session: str,
