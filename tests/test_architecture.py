@@ -52,9 +52,11 @@ ALLOWED: dict[str, set[str]] = {
         "polling",
         "faults",
     },
-    # many hosts on Ray: node daemons hold a runtime each; clients hold ClusterRuntime
+    # many hosts on Ray: node daemons hold a runtime each; clients hold ClusterRuntime;
+    # store: the E2B gateway's row of a sandbox, kept beside its session's record
     "cluster": {
         "runtime",
+        "store",
         "vm",
         "models",
         "requests",

@@ -276,6 +276,9 @@ def test_the_e2b_gateway_serves_the_cluster(cluster: ClusterNet) -> None:
         assert ran.returncode == 0, ran.stdout + ran.stderr
         served = re.findall(r"^(fork )?(s-\w+)", ran.stdout, re.MULTILINE)
         assert len(served) == 4, ran.stdout  # the sandbox and its three forks answered
+        # A directory watch streams from the node (async SDK: envd's WatchDir).
+        watched = net.head(sys.executable, "-c", _WATCH, check=False, **e2b_env)
+        assert watched.returncode == 0 and "seen.txt" in watched.stdout, watched.stderr
         # Its snapshot is the cluster's: the gateway's own host made nothing.
         snapshots = net.json("checkpoints")
         assert [c["session_id"] for c in snapshots] == [served[0][1]], snapshots
@@ -290,7 +293,33 @@ def test_the_e2b_gateway_serves_the_cluster(cluster: ClusterNet) -> None:
         assert client.list_sessions() == [] and client.list_checkpoints() == []
     finally:
         client.close()
+    refused = net.cli("serve", "--e2b", "--template-builds", check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("error: E2B template builds are not available on a cluster")
     _ray_reserves(net, 0.0)
+
+
+_WATCH = """
+import asyncio
+from e2b import AsyncSandbox
+
+async def main():
+    sbx = await AsyncSandbox.create(template="default", timeout=120)
+    try:
+        seen = []
+        watch = await sbx.files.watch_dir("/root", on_event=lambda e: seen.append(e.name))
+        await sbx.files.write("/root/seen.txt", "x")
+        for _ in range(150):
+            if "seen.txt" in seen:
+                break
+            await asyncio.sleep(0.2)
+        await watch.stop()
+        print(seen)
+    finally:
+        await sbx.kill()
+
+asyncio.run(main())
+"""
 
 
 def _sandbox_rows(net: ClusterNet) -> list[str]:

@@ -6,14 +6,16 @@ import asyncio
 import json
 import shlex
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
 from forkpoint.cli.output import err_console, reports_errors
 
 if TYPE_CHECKING:
+    from forkpoint.e2b.tables import GatewayTables
     from forkpoint.e2b.tls import LocalCA
+    from forkpoint.runtime import Runtime
 
 __all__ = ["DEFAULT_E2B_PORT", "e2b_env", "register", "serve_e2b"]
 
@@ -83,6 +85,23 @@ def env_command(
         sys.stdout.write(f"export {key}={shlex.quote(value)}\n")
 
 
+def gateway_tables(runtime: Runtime) -> GatewayTables:
+    """Where the gateway serving ``runtime`` keeps its rows: on one host in its store; on
+    a cluster its sandboxes' in the cluster's store (a revived sandbox keeps its tokens),
+    its template builds' in this host's (the caller closes it)."""
+    from forkpoint.config import cluster_address
+    from forkpoint.e2b.tables import GatewayTables
+
+    if cluster_address() is None:
+        return GatewayTables.beside(runtime.store)
+    from forkpoint.cluster.records import SandboxEntries
+    from forkpoint.cluster.runtime import ClusterRuntime
+    from forkpoint.store import Store
+
+    cluster = cast("ClusterRuntime", runtime)
+    return GatewayTables(SandboxEntries(cluster.records.store), Store.open(runtime.home))
+
+
 def serve_e2b(
     *,
     host: str,
@@ -95,7 +114,7 @@ def serve_e2b(
     """Serve the gateway until interrupted (the caller checked ``host``)."""
     import socket
 
-    from forkpoint.cluster.doors import gateway_tables, open_runtime
+    from forkpoint.cluster.doors import open_runtime
     from forkpoint.config import cluster_address
     from forkpoint.e2b import GatewayConfig, TokenFile, run_gateway
     from forkpoint.e2b.tls import LocalCA

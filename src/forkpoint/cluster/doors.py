@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, cast
 from forkpoint.config import cluster_address
 
 if TYPE_CHECKING:
-    from forkpoint.e2b.tables import GatewayTables
     from forkpoint.runtime import Runtime
 
-__all__ = ["gateway_tables", "open_runtime"]
+__all__ = ["open_runtime"]
 
 
 def open_runtime() -> Runtime:
@@ -27,19 +26,3 @@ def open_runtime() -> Runtime:
     from forkpoint.cluster.runtime import ClusterRuntime
 
     return cast("Runtime", ClusterRuntime(address))
-
-
-def gateway_tables(runtime: Runtime) -> GatewayTables:
-    """Where the E2B gateway serving ``runtime`` keeps its rows: on one host in its store;
-    on a cluster its sandboxes' in the cluster's store (a revived sandbox keeps its
-    tokens), its template builds' in this host's (closed with it by the caller)."""
-    from forkpoint.e2b.tables import GatewayTables
-
-    if cluster_address() is None:
-        return GatewayTables.beside(runtime.store)
-    from forkpoint.cluster.records import SandboxEntries
-    from forkpoint.cluster.runtime import ClusterRuntime
-    from forkpoint.store import Store
-
-    cluster = cast("ClusterRuntime", runtime)
-    return GatewayTables(SandboxEntries(cluster.records.store), Store.open(runtime.home))
