@@ -333,6 +333,81 @@ def _sandbox_rows(net: ClusterNet) -> list[str]:
     return net.head(sys.executable, "-c", code).stdout.split()
 
 
+def test_the_page_shows_the_cluster(cluster: ClusterNet) -> None:
+    """``forkpoint serve --port`` on a cluster prints the page's login and serves it: the
+    real browser sees every session with its node and the cluster's room; screenshots of
+    a checkpoint's session and its forks spread over the nodes are taken through their
+    nodes (their ports stay on the nodes' loopback) and compared in the grid."""
+    net = cluster
+    source = net.json("create", "--port", "8000", "--memory", "256")
+    _start_server(net, source["id"])
+    checkpoint = net.json("checkpoint", source["id"], "--name", "page")
+    forks = net.json("fork", "page", "--count", "2", "--spread")
+    ids = [source["id"], *(f["id"] for f in forks)]
+    server = net.popen("serve", "--port", "8080")
+    try:
+        assert server.stdout is not None
+        printed = [server.stdout.readline(), server.stdout.readline()]
+        login = printed[1].removeprefix("page: ").strip()
+        assert login.startswith("http://127.0.0.1:8080/ui/login?token="), printed
+        seen = net.head(sys.executable, "-c", _PAGE, login, checkpoint["id"], *ids, check=False)
+        assert seen.returncode == 0, seen.stdout + seen.stderr
+        page = json.loads(seen.stdout)
+    finally:
+        server.terminate()
+        server.communicate()
+        net.cli("rm", *ids)
+        net.cli("checkpoint", "rm", "page")
+    rows = {row.split()[0]: row for row in page["rows"]}
+    nodes = {s["id"]: s["node"] for s in [source, *forks]}
+    for session, node in nodes.items():
+        assert f"running on {node}" in rows[session] and f"8000 on {node}" in rows[session]
+    assert len(set(nodes.values())) > 1, nodes  # spread: the shots came from several nodes
+    assert page["host"].startswith("sessions 3/"), page["host"]
+    assert page["shots"] == [200] * 3, page["shots"]
+    cells = {c["session"]: c for c in page["grid"]["cells"]}
+    assert page["grid"]["parent"] == source["id"] and set(cells) == set(ids), page["grid"]
+    for fork in forks:  # the same directory listing, served by each fork's own copy
+        assert cells[fork["id"]]["shot"] is not None
+        assert cells[fork["id"]]["differs"] < 0.01, cells[fork["id"]]
+    assert net.json("ls") == []
+    _ray_reserves(net, 0.0)
+
+
+_PAGE = """
+import json, sys
+from playwright.sync_api import expect, sync_playwright
+from forkpoint.browser.screenshot import CHROMIUM_ARGS, find_chromium
+
+login, checkpoint, *sessions = sys.argv[1:]
+with sync_playwright() as pw:
+    browser = pw.chromium.launch(
+        executable_path=str(find_chromium()), headless=True, args=list(CHROMIUM_ARGS)
+    )
+    page = browser.new_page()
+    page.set_default_timeout(120_000)
+    page.goto(login)
+    for session in sessions:
+        expect(page.locator("#sessions")).to_contain_text(session)
+    expect(page.locator("#host")).to_contain_text("sessions 3/")
+    shots = [
+        page.evaluate(
+            "async (s) => (await fetch(`/ui/shots/${s}?port=8000`,"
+            " {method: 'POST', headers: {'X-Forkpoint-UI': '1'}})).status",
+            session,
+        )
+        for session in sessions
+    ]
+    grid = page.evaluate(
+        "async (c) => (await fetch(`/ui/grid?checkpoint=${c}&port=8000`)).json()", checkpoint
+    )
+    rows = page.locator("#sessions tr").all_inner_texts()
+    print(json.dumps({"rows": rows, "host": page.locator("#host").inner_text(),
+                      "shots": shots, "grid": grid}))
+    browser.close()
+"""
+
+
 def test_auto_recover_revives_a_lost_session_without_asking(cluster: ClusterNet) -> None:
     """With the policy on (joining again turns it on), the node Ray moves a lost
     session's reservation to revives it on its own: same id, processes at the same PIDs."""

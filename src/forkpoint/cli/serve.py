@@ -66,7 +66,6 @@ def serve_command(
     request needs the bearer token written to $FORKPOINT_HOME/token (printed once).
     """
     from forkpoint.cluster.doors import open_runtime
-    from forkpoint.config import cluster_address
     from forkpoint.runtime.housekeeping.reaper import reap_forever
     from forkpoint.server import bind_tcp, bind_unix, create_app, is_loopback, serve_on, write_token
 
@@ -120,8 +119,7 @@ def serve_command(
             )
             login = secrets.token_urlsafe(24)  # the web page's one-time login
             sys.stdout.write(f"token: {token}\n")  # printed once; also in the token file
-            if cluster_address() is None:  # the page serves one host only, so far
-                sys.stdout.write(f"page: http://{host}:{bound}/ui/login?token={login}\n")
+            sys.stdout.write(f"page: http://{host}:{bound}/ui/login?token={login}\n")
             sys.stdout.flush()
             app = create_app(runtime, token=token, login_token=login)
             serve_on(app, sock, log_level=log_level, beside=reaper)

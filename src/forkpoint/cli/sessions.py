@@ -321,17 +321,21 @@ def _tunnel(session: str, guest_port: int, local_port: int, as_json: bool) -> No
     import contextlib
 
     from forkpoint.cluster.doors import open_runtime
-    from forkpoint.cluster.tunnel import serve_tunnel
+    from forkpoint.runtime.guest.loopback import guest_port_on_loopback
 
-    def listening(port: int) -> None:
-        url = f"http://127.0.0.1:{port}"
-        if as_json:
-            emit_json({"session": session, "guest_port": guest_port, "url": url})
-        else:
-            console.print(f"port {guest_port} → {url} (tunnelled; Ctrl-C ends it)", highlight=False)
+    async def serve() -> None:
+        runtime = open_runtime()
+        async with guest_port_on_loopback(runtime, session, guest_port, local_port) as port:
+            url = f"http://127.0.0.1:{port}"
+            if as_json:
+                emit_json({"session": session, "guest_port": guest_port, "url": url})
+            else:
+                shown = f"port {guest_port} → {url} (tunnelled; Ctrl-C ends it)"
+                console.print(shown, highlight=False)
+            await asyncio.Event().wait()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_tunnel(open_runtime(), session, guest_port, local_port, listening))
+        asyncio.run(serve())
 
 
 @reports_errors

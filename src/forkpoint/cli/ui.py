@@ -26,11 +26,11 @@ def ui_command(
     """Serve the web page (sessions, lineage tree, diffs, checkpoint/fork/rollback buttons)
     and the API on 127.0.0.1; prints a login URL that works once."""
     from forkpoint.cli.serve import raise_exit
-    from forkpoint.runtime import Runtime
+    from forkpoint.cluster.doors import open_runtime
     from forkpoint.server import bind_tcp, create_app, serve_on, write_token
 
     signal.signal(signal.SIGTERM, raise_exit)
-    runtime = Runtime.open()
+    runtime = open_runtime()  # with FORKPOINT_CLUSTER set: the cluster's
     try:
         sock = bind_tcp("127.0.0.1", port)
         bound = sock.getsockname()[1]

@@ -263,6 +263,14 @@ class NodeDaemon:
     async def filters_egress(self) -> bool:
         return self.runtime.filters_egress
 
+    async def read(self, method: str) -> Any:
+        """One of the local runtime's reads of this whole node (:data:`~.operations.NODE_READS`)."""
+        from forkpoint.cluster.operations import NODE_READS
+
+        if method not in NODE_READS:
+            raise InvalidInput(f"{method} is not a read a node answers for the cluster")
+        return await asyncio.to_thread(getattr(self.runtime, method))
+
     async def get(self, session: str) -> Session:
         return await asyncio.to_thread(self.runtime.get, session)
 

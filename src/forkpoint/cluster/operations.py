@@ -4,7 +4,7 @@ and their answers cross Ray as they are (no stream, no local file). ``ClusterRun
 forwards each to the session's daemon (:meth:`~.node.NodeDaemon.on_session`), which runs
 nothing else this way."""
 
-__all__ = ["ON_SESSION_NODE"]
+__all__ = ["NODE_READS", "ON_SESSION_NODE"]
 
 ON_SESSION_NODE = frozenset(
     {
@@ -20,3 +20,7 @@ ON_SESSION_NODE = frozenset(
         "create_watcher", "watcher_events", "remove_watcher",
     }
 )  # fmt: skip
+
+#: The local runtime's reads of a whole node that the cluster gathers from every node
+#: (the page's state): each answers for its own home.
+NODE_READS = frozenset({"step_labels", "latest_metrics", "host_status"})

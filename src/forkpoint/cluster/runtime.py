@@ -36,6 +36,7 @@ from forkpoint.models import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MIB,
     CheckpointKind,
+    HostStatus,
     Network,
     Session,
     SessionState,
@@ -49,7 +50,9 @@ if TYPE_CHECKING:
         BackgroundProcess,
         Checkpoint,
         CommandResult,
+        Event,
         FileEvent,
+        Metric,
         ProcessEvent,
     )
 
@@ -469,8 +472,32 @@ class ClusterRuntime:
         ) as pair:
             yield pair
 
-    def latest_metrics(self) -> dict[str, Any]:
-        return {}  # sampled by each node's own long-lived door, not gathered yet
+    #: The scratch forks a diff makes: none here (diff is not offered on a cluster).
+    scratch_sessions: frozenset[str] = frozenset()
+
+    def latest_metrics(self) -> dict[str, Metric]:
+        """Each session's last metrics sample, by id (each node's daemon samples its own)."""
+        return {k: v for held in self._read_each("latest_metrics") for k, v in held.items()}
+
+    def step_labels(self) -> dict[str, str]:
+        """Checkpoint id → history step label, from every node (history stays on its node)."""
+        return {k: v for held in self._read_each("step_labels") for k, v in held.items()}
+
+    def host_status(self) -> HostStatus:
+        """The live nodes' room, added up (the load: the busiest node's)."""
+        nodes: list[HostStatus] = self._read_each("host_status")
+        added = {
+            f.name: sum(getattr(n, f.name) for n in nodes) for f in dataclasses.fields(HostStatus)
+        }
+        added["load_1m"] = max((n.load_1m for n in nodes), default=0.0)
+        return HostStatus(**added)
+
+    def recent_events(self, count: int = 20, session: str | None = None) -> list[Event]:
+        """None: the event log is each host's own, not gathered on a cluster yet."""
+        return []
+
+    def _read_each(self, method: str) -> list[Any]:
+        return list(self._ask_each(self.forkpoint_nodes(), "read", method).values())
 
     def live_entry(self, session: str) -> SessionEntry:
         entry = self.records.session(session)

@@ -2,10 +2,10 @@
 
 :func:`node_streams` is a byte stream to a guest port as a reader/writer pair, over
 actor calls to the session's node daemon (authenticated by Ray's token) and from there
-over the guest agent's channel: what ``ClusterRuntime.tcp_tunnel`` gives the E2B
-gateway's port proxy. :func:`serve_tunnel` puts such streams on the client's loopback,
-like ``kubectl port-forward`` (``forkpoint port``). Nothing listens on any other address,
-on the client or on the node.
+over the guest agent's channel: ``ClusterRuntime.tcp_tunnel``, which the E2B gateway's
+port proxy, the page's screenshots and ``forkpoint port`` (``runtime/guest/loopback.py``:
+on the client's 127.0.0.1, like ``kubectl port-forward``) use. Nothing listens on any
+address of the node.
 """
 
 from __future__ import annotations
@@ -13,14 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    from forkpoint.runtime import Runtime
-
-__all__ = ["NodeStreamReader", "NodeStreamWriter", "node_streams", "serve_tunnel"]
-
-_CHUNK = 1 << 16
+__all__ = ["NodeStreamReader", "NodeStreamWriter", "node_streams"]
 
 #: One call of the node daemon's ``tunnel_*`` methods (its errors as forkpoint's).
 DaemonCall = Callable[..., Awaitable[Any]]
@@ -106,54 +101,3 @@ async def node_streams(
         await writer.wait_closed()
         with contextlib.suppress(Exception):
             await call("tunnel_close", tunnel)
-
-
-async def serve_tunnel(
-    runtime: Runtime,
-    session: str,
-    guest_port: int,
-    local_port: int,
-    listening: Callable[[int], None],
-) -> None:
-    """Serve ``session``'s ``guest_port`` on ``127.0.0.1:local_port`` (0: any free port)
-    until cancelled, through ``runtime.tcp_tunnel`` (on a cluster: through its node);
-    ``listening(port)`` once it does.
-
-    :raises NotFound: no such session, or nothing listens on that guest port (checked
-        before listening); :raises NodeLost: its node is gone."""
-    async with runtime.tcp_tunnel(session, guest_port):
-        pass
-
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with runtime.tcp_tunnel(session, guest_port) as (up_reader, up_writer):
-                await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
-        except Exception:  # the guest stopped listening, or a reset: this connection only
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(one, "127.0.0.1", local_port)
-    async with server:
-        listening(int(server.sockets[0].getsockname()[1]))
-        await server.serve_forever()
-
-
-class _Reader(Protocol):
-    async def read(self, n: int = -1) -> bytes: ...
-
-
-class _Writer(Protocol):
-    def write(self, data: bytes) -> None: ...
-    async def drain(self) -> None: ...
-    def can_write_eof(self) -> bool: ...
-    def write_eof(self) -> None: ...
-
-
-async def _copy(source: _Reader, sink: _Writer) -> None:
-    """Copy until ``source``'s EOF, then pass the EOF on."""
-    while data := await source.read(_CHUNK):
-        sink.write(data)
-        await sink.drain()
-    if sink.can_write_eof():
-        sink.write_eof()

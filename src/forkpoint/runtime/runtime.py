@@ -82,7 +82,6 @@ class Runtime(Queries):
         self.remove = announce(sessions.remove, removed)
         self.console = sessions.console
         self.forward_port = sessions.forward_port
-        self.disk_bytes = sessions.disk_bytes
         self.set_timeout = lifetimes.set_timeout
         self.set_egress = egress.set_egress
         self.injected_headers = egress.injected_headers

@@ -136,8 +136,7 @@ def _state(runtime: Runtime) -> dict[str, Any]:
     for session in runtime.list_sessions():
         if session.id in runtime.scratch_sessions:
             continue  # a fork made to compute a diff, removed in a moment
-        data = to_json_data(session)
-        data["disk_bytes"] = runtime.disk_bytes(session.id)
+        data = to_json_data(session)  # disk_bytes: its own files, as `ls` shows them
         running = session.state == SessionState.RUNNING
         data["metric"] = to_json_data(metrics.get(session.id)) if running else None
         data["origin"] = origin(session, by_id)  # where the lineage hangs it

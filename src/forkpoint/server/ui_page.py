@@ -235,12 +235,20 @@ function renderSessions() {
   // cpu and memory in use: the last sample (every 5 s while this server runs)
   $("sessions").replaceChildren(...state.sessions.map((s) => el("tr", {},
     el("td", {}, (s.name ? s.name + " " : "") + s.id),
-    el("td", {}, s.state + (s.paused_on_disk ? " (disk only)" : "")),
+    el("td", {}, s.state + (s.paused_on_disk ? " (disk only)" : "") +
+      (s.node ? " on " + s.node : "")),
     el("td", {}, s.metric ? s.metric.cpu_used_pct.toFixed(1) + "%" : "–"),
     el("td", {}, (s.metric ? size(s.metric.mem_used) + " / " : "") + s.memory_mib + " MiB"),
     el("td", {}, size(s.disk_bytes)),
-    el("td", {}, ...s.ports.map((p) => el("a", {href: p.url, target: "_blank", rel: "noopener"},
-      p.guest_port + "→" + p.host_port + " "))))));
+    el("td", {}, ...s.ports.map((p) => portLink(s, p))))));
+}
+
+// A cluster's session forwards on its node's loopback: reached here by `forkpoint port`.
+function portLink(s, p) {
+  if (s.node) return el("span", {title: `forkpoint port ${s.id} ${p.guest_port}`},
+    p.guest_port + " on " + s.node + " ");
+  return el("a", {href: p.url, target: "_blank", rel: "noopener"},
+    p.guest_port + "→" + p.host_port + " ");
 }
 
 function renderEvents() {

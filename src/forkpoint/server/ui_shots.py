@@ -23,6 +23,7 @@ from forkpoint.browser import diff_pngs, screenshot_async
 from forkpoint.errors import InvalidInput, NotFound
 from forkpoint.models import Checkpoint, Session
 from forkpoint.runtime import Runtime
+from forkpoint.runtime.guest.loopback import guest_port_on_loopback
 
 __all__ = ["KEPT", "Shelf", "Shot", "grid_sessions"]
 
@@ -60,28 +61,35 @@ class Shelf:
         return self._shots.get((session, port))
 
     async def take(self, runtime: Runtime, session: str, port: int, path: str = "/") -> Shot:
-        """Screenshot ``path`` on the session's forwarded guest ``port`` now.
-        :raises NotFound: no such session, or it forwards no such port."""
+        """Screenshot ``path`` on the session's forwarded guest ``port`` now (a cluster's
+        session: on its guest port, tunnelled here through its node while the shot is
+        taken). :raises NotFound: no such session, or it forwards no such port."""
         if not path.startswith("/"):
             raise InvalidInput(f"a page path starts with /: {path!r}")
         info = await asyncio.to_thread(runtime.get, session)
-        forward = info.port(port)
-        if forward is None:
-            raise NotFound(f"session {info.id} forwards no guest port {port}")
-        async with self._taking:
-            with tempfile.TemporaryDirectory() as scratch:
-                out = Path(scratch) / "shot.png"
-                await screenshot_async(
-                    forward.url.rstrip("/") + path, out, width=WIDTH, height=HEIGHT,
-                    timeout_s=_SHOT_TIMEOUT_S,
-                )  # fmt: skip
-                png = await asyncio.to_thread(out.read_bytes)
+        if info.node is not None:  # its forwards are on its node's loopback, not here
+            async with guest_port_on_loopback(runtime, info.id, port) as local:
+                png = await self._shoot(f"http://127.0.0.1:{local}{path}")
+        else:
+            forward = info.port(port)
+            if forward is None:
+                raise NotFound(f"session {info.id} forwards no guest port {port}")
+            png = await self._shoot(forward.url.rstrip("/") + path)
         shot = Shot(next(self._numbers), png, time.time())
         self._shots[(info.id, port)] = shot
         self._shots.move_to_end((info.id, port))
         while len(self._shots) > KEPT:
             self._shots.popitem(last=False)
         return shot
+
+    async def _shoot(self, url: str) -> bytes:
+        async with self._taking:
+            with tempfile.TemporaryDirectory() as scratch:
+                out = Path(scratch) / "shot.png"
+                await screenshot_async(
+                    url, out, width=WIDTH, height=HEIGHT, timeout_s=_SHOT_TIMEOUT_S
+                )
+                return await asyncio.to_thread(out.read_bytes)
 
     def compare(self, shot: Shot, parent: Shot) -> _Comparison:
         """The share of pixels ``shot`` differs in from ``parent``, and the overlay (the

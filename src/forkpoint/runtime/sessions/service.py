@@ -373,14 +373,6 @@ class Sessions:
             self.context.store, self.context.files(session_id), session_id, expires_at=expires_at
         )
 
-    def disk_bytes(self, session: str) -> int:
-        """Disk the session's own writable layer takes (allocated bytes; blocking)."""
-        record = self.context.store.get_session(session)
-        try:
-            return (self.context.home.layers / record.disk_layer).stat().st_blocks * 512
-        except OSError:
-            return 0
-
     async def forward_port(self, session: str, guest_port: int) -> Port:
         """Forward ``guest_port`` to a free port on the host's 127.0.0.1 (idempotent)."""
         from forkpoint.requests import PortRequest, parse
