@@ -255,6 +255,41 @@ def test_rest_sdk_and_mcp_serve_the_cluster(cluster: ClusterNet) -> None:
     _ray_reserves(net, 0.0)
 
 
+def test_a_checkpoint_not_pushed_is_fetched_from_its_node(cluster: ClusterNet) -> None:
+    """Taken with ``FORKPOINT_CLUSTER_PUSH=0`` it is on its node only; forks spread over
+    the cluster fetch it from there (not from the store) and run its server at the same
+    PID; the node's archive of it is gone afterwards."""
+    net = cluster
+    source = net.json("create", "--port", "8000", "--memory", "256")
+    pid = _start_server(net, source["id"])
+    taken = net.cli("checkpoint", source["id"], "--name", "local", "--json",
+                    FORKPOINT_CLUSTER_PUSH="0")  # fmt: skip
+    checkpoint = json.loads(taken.stdout)["id"]
+    assert _in_store(net, f"refs/{checkpoint}") is False
+    forks = net.json("fork", "local", "--count", "3", "--spread")
+    try:
+        elsewhere = [f for f in forks if f["node"] != source["node"]]
+        assert elsewhere, forks
+        for fork in forks:
+            _serves(net, fork["id"], pid)
+        assert not list((net.home(source["node"]) / "cluster-exports").glob("*")), "kept"
+    finally:
+        net.cli("rm", source["id"], *(f["id"] for f in forks))
+        net.cli("checkpoint", "rm", "local")
+    assert _in_store(net, f"refs/{checkpoint}") is False
+    assert net.json("ls") == []
+    _ray_reserves(net, 0.0)
+
+
+def _in_store(net: ClusterNet, key: str) -> bool:
+    code = (
+        "import sys; from forkpoint.cluster.connection import store_url; "
+        "from forkpoint.runtime.checkpoints.portable.objects import S3Store; "
+        "print(S3Store(store_url()).has(sys.argv[1]))"
+    )
+    return net.head(sys.executable, "-c", code, key).stdout.strip() == "True"
+
+
 def test_the_e2b_gateway_serves_the_cluster(cluster: ClusterNet) -> None:
     """``forkpoint serve --e2b`` with ``FORKPOINT_CLUSTER`` set: the flagship E2B example,
     unmodified, with the real ``e2b`` SDK (create, a server reached through ``get_host``,

@@ -6,7 +6,8 @@ side on the cluster ``FORKPOINT_CLUSTER`` names.
   group made ready and removed), a daemon round trip, the session's record written to the
   store;
 - transfer: a checkpoint with 64 MiB just written, pushed as taken, then pulled from the
-  store by every other node, per MiB received;
+  store by every other node, per MiB received; then fetched by them again directly from
+  the node holding it (its export, once, timed apart);
 - fan-out: fork ×12 packed on as few nodes as hold them against spread over them.
 
 Medians of repeated runs in one process (no CLI start-up). Every session and checkpoint it
@@ -103,15 +104,31 @@ async def cluster_suite(
 async def _transfers(
     cluster: ClusterRuntime, holder: str, checkpoint: str, out: dict[str, Any]
 ) -> None:
-    pulls = []
-    for other in await asyncio.to_thread(cluster.forkpoint_nodes):
-        if other != holder:
-            moved = await cluster.call(other, "pull", checkpoint)
-            if moved is not None:
-                pulls.append({"bytes": moved.received_bytes, "ms": moved.duration_ms})
-    out["pulls"] = pulls
-    mib = sum(p["bytes"] for p in pulls) / (1 << 20)
-    out["pull_ms_per_mib"] = round(sum(p["ms"] for p in pulls) / mib, 1) if mib else None
+    """Every other node pulls the checkpoint from the store; then, its copy removed, the
+    same nodes fetch it again directly from the holder (which exports it once)."""
+    others = [n for n in await asyncio.to_thread(cluster.forkpoint_nodes) if n != holder]
+    pulls = [await cluster.call(other, "pull", checkpoint) for other in others]
+    out["pulls"] = _moved(pulls)
+    for other in others:
+        await cluster.call(other, "remove_checkpoint", checkpoint)
+    seconds, _ = await _timed(lambda: cluster.call(holder, "export", checkpoint))
+    out["export_ms"] = round(seconds * 1000, 1)
+    try:
+        direct = [await cluster.call(other, "pull", checkpoint, holder) for other in others]
+    finally:
+        await cluster.call(holder, "export_drop", checkpoint)
+    out["direct"] = _moved(direct)
+    out["pull_ms_per_mib"] = _per_mib(out["pulls"])
+    out["direct_ms_per_mib"] = _per_mib(out["direct"])
+
+
+def _moved(transfers: list[Any]) -> list[dict[str, float]]:
+    return [{"bytes": t.received_bytes, "ms": t.duration_ms} for t in transfers if t is not None]
+
+
+def _per_mib(moved: list[dict[str, float]]) -> float | None:
+    mib = sum(m["bytes"] for m in moved) / (1 << 20)
+    return round(sum(m["ms"] for m in moved) / mib, 1) if mib else None
 
 
 async def _fan_out(cluster: ClusterRuntime, checkpoint: str, spread: bool) -> dict[str, Any]:
@@ -143,6 +160,11 @@ def cluster_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"pull from the store: {result['pull_ms_per_mib']} ms per MiB received "
             f"({received:.0f} MiB by {len(result['pulls'])} node(s))"
+        )
+        fetched = sum(p["bytes"] for p in result["direct"]) / (1 << 20)
+        lines.append(
+            f"fetch from the holding node: {result['direct_ms_per_mib']} ms per MiB received "
+            f"({fetched:.0f} MiB; its export once before: {result['export_ms']} ms)"
         )
     for key in (f"fork{_FANOUT}_pack", f"fork{_FANOUT}_spread"):
         fork = result[key]

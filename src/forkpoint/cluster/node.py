@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         ProcessEvent,
         Session,
     )
+    from forkpoint.runtime.checkpoints.portable.objects import TarReader
 
 __all__ = ["NodeDaemon"]
 
@@ -59,6 +61,10 @@ class NodeDaemon:
         self._tunnels: dict[int, tuple[contextlib.AsyncExitStack, TunnelReader, TunnelWriter]]
         self._tunnels = {}
         self._ids = itertools.count(1)
+        #: Archives of checkpoints other nodes fetch from here (:mod:`.transfer`).
+        self._exports: dict[str, asyncio.Future[TarReader]] = {}
+        self._reading = asyncio.Lock()  # one read at a time: readers share a file object
+        shutil.rmtree(self._exports_dir, ignore_errors=True)  # a restarted daemon's leftovers
 
     def _ready(self) -> None:
         """Once, in the actor's event loop (it exists only once a call runs): the fan-out
@@ -76,6 +82,10 @@ class NodeDaemon:
     @property
     def _policy_file(self) -> Path:
         return self.runtime.home.root / "cluster-auto-recover"
+
+    @property
+    def _exports_dir(self) -> Path:
+        return self.runtime.home.root / "cluster-exports"
 
     async def info(self) -> dict[str, Any]:
         """This node: its name, host, home and how many sessions run here."""
@@ -195,11 +205,13 @@ class NodeDaemon:
         async for event in getattr(self.runtime, method)(session, *args, **kwargs):
             yield event
 
-    async def fork(self, checkpoint: str, count: int) -> list[Session | ForkpointError]:
-        """``count`` forks of ``checkpoint``, pulled from the store first if this home
-        lacks it (with what it lacks of its lineage)."""
+    async def fork(
+        self, checkpoint: str, count: int, holder: str | None = None
+    ) -> list[Session | ForkpointError]:
+        """``count`` forks of ``checkpoint``, fetched first if this home lacks it (with
+        what it lacks of its lineage): from the store, or from node ``holder``."""
         self._ready()
-        await self._have(checkpoint)
+        await self._have(checkpoint, holder)
         return await self.runtime.fork(checkpoint, count)
 
     async def adopt(self, checkpoint: str, session_id: str, name: str | None) -> Session:
@@ -274,16 +286,76 @@ class NodeDaemon:
     async def get(self, session: str) -> Session:
         return await asyncio.to_thread(self.runtime.get, session)
 
-    async def _have(self, checkpoint: str) -> CheckpointTransfer | None:
-        """Pull ``checkpoint`` from the store unless this home has it; what moved."""
+    async def _have(self, checkpoint: str, holder: str | None = None) -> CheckpointTransfer | None:
+        """Bring ``checkpoint`` here unless this home has it: from the store, or from the
+        node ``holder`` (one taken there with ``FORKPOINT_CLUSTER_PUSH=0``); what moved."""
         if await self.checkpoint_here(checkpoint) is not None:
             return None
-        return await self.runtime.pull_checkpoint(checkpoint, self.store)
+        if holder is None:
+            return await self.runtime.pull_checkpoint(checkpoint, self.store)
+        import ray
 
-    async def pull(self, checkpoint: str) -> CheckpointTransfer | None:
-        """Bring ``checkpoint`` here ahead of a fork (None: here already)."""
+        from forkpoint.cluster.connection import daemon_name
+        from forkpoint.cluster.transfer import NodeObjects
+        from forkpoint.runtime.checkpoints.portable.common import EXPORT_REF
+
+        source = await asyncio.to_thread(ray.get_actor, daemon_name(holder))
+        await source.export.remote(checkpoint)
+        objects = NodeObjects(source, checkpoint, holder[:12])
+        return await self.runtime.pull_checkpoint(EXPORT_REF, objects)
+
+    async def pull(self, checkpoint: str, holder: str | None = None) -> CheckpointTransfer | None:
+        """Bring ``checkpoint`` here ahead of a fork or rollback (None: here already)."""
         self._ready()
-        return await self._have(checkpoint)
+        return await self._have(checkpoint, holder)
+
+    # -- exports: checkpoints other nodes fetch from here (cluster/transfer.py) ----------
+
+    async def export(self, checkpoint: str) -> None:
+        """Write ``checkpoint`` and its lineage into one archive here, once (kept until
+        :meth:`export_drop`: several nodes may be fetching it)."""
+        self._ready()
+        if checkpoint not in self._exports:
+            self._exports[checkpoint] = asyncio.ensure_future(self._export(checkpoint))
+        try:
+            await asyncio.shield(self._exports[checkpoint])
+        except ForkpointError:
+            self._exports.pop(checkpoint, None)  # the next ask tries again
+            raise
+
+    async def _export(self, checkpoint: str) -> TarReader:
+        from forkpoint.runtime.checkpoints.portable.objects import TarReader
+
+        path = self._exports_dir / f"{checkpoint}.tar"
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        await self.runtime.export_checkpoint(checkpoint, path)
+        return await asyncio.to_thread(TarReader, path)
+
+    async def export_has(self, checkpoint: str, key: str) -> bool:
+        return (await self._export_of(checkpoint)).has(key)
+
+    async def export_read(self, checkpoint: str, key: str, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of object ``key`` of the export, from ``offset``.
+        :raises NotFound: no such object (or no export: :meth:`export` first)."""
+        reader = await self._export_of(checkpoint)
+        async with self._reading:
+            return await asyncio.to_thread(reader.read_at, key, offset, size)
+
+    async def export_drop(self, checkpoint: str) -> None:
+        """The archive is not needed any more: deleted."""
+        made = self._exports.pop(checkpoint, None)
+        if made is None:
+            return
+        with contextlib.suppress(ForkpointError):
+            (await made).close()
+        path = self._exports_dir / f"{checkpoint}.tar"
+        await asyncio.to_thread(path.unlink, missing_ok=True)
+
+    async def _export_of(self, checkpoint: str) -> TarReader:
+        made = self._exports.get(checkpoint)
+        if made is None:
+            raise NotFound(f"node {self.name} exports no {checkpoint} now")
+        return await asyncio.shield(made)
 
     # -- tunnels: a client's local listener reaches a guest port through these -----------
 

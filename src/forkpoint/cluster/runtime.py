@@ -213,8 +213,8 @@ class ClusterRuntime:
         self, checkpoint: str, count: int = 1, *, spread: bool = False
     ) -> list[Session | ForkpointError]:
         """``count`` forks of ``checkpoint``, placed by Ray in one request (packed on as
-        few nodes as hold them, or ``spread``); a node that lacks the checkpoint pulls it
-        from the store (what it lacks of its lineage)."""
+        few nodes as hold them, or ``spread``); a node that lacks the checkpoint fetches
+        what it lacks of its lineage: from the store, or (not pushed) from its node."""
         from forkpoint.requests import ForkRequest, parse
 
         parse(ForkRequest, count=count)
@@ -226,16 +226,11 @@ class ClusterRuntime:
         bundles: dict[str, list[int]] = {}
         for index, node in enumerate(placement.nodes):
             bundles.setdefault(node, []).append(index)
-        if not source.pushed and set(bundles) != {source.node}:
-            await asyncio.to_thread(release, placement.group)
-            raise Conflict(
-                f"checkpoint {source.id} is only on node {self._name(source.node)} "
-                "(taken with FORKPOINT_CLUSTER_PUSH=0): push it to fork it elsewhere"
-            )
+        holder = None if source.pushed else source.node
 
         async def on(node: str, slots: list[int]) -> list[tuple[int, Session | ForkpointError]]:
             try:
-                made = await self.call(node, "fork", source.id, len(slots))
+                made = await self.call(node, "fork", source.id, len(slots), holder)
             except ForkpointError as error:
                 made = [error] * len(slots)
             out: list[tuple[int, Session | ForkpointError]] = []
@@ -245,11 +240,20 @@ class ClusterRuntime:
                 out.append((slot, result))
             return out
 
-        placed = await asyncio.gather(*(on(n, slots) for n, slots in bundles.items()))
+        try:
+            placed = await asyncio.gather(*(on(n, slots) for n, slots in bundles.items()))
+        finally:
+            if holder is not None and set(bundles) != {holder}:
+                await self._drop_export(holder, source.id)
         results = dict(pair for pairs in placed for pair in pairs)
         if not any(isinstance(r, Session) for r in results.values()):
             await asyncio.to_thread(release, placement.group)
         return [results[i] for i in range(count)]
+
+    async def _drop_export(self, holder: str, checkpoint: str) -> None:
+        """The holder's archive of ``checkpoint`` has been fetched: deleted there."""
+        with contextlib.suppress(ForkpointError):
+            await self.call(holder, "export_drop", checkpoint)
 
     async def _record(
         self, session: Session, node: str, group: str, bundle: int, revive_from: str | None
@@ -586,12 +590,17 @@ class ClusterRuntime:
     async def rollback(self, session: str, checkpoint: str | None = None) -> Session:
         """Roll a session back on its node; a node loss then revives the state rolled
         back to (when that checkpoint is in the store), not the one rolled back from."""
-        if checkpoint is not None:  # taken elsewhere: the node pulls it first (if in the store)
+        if checkpoint is not None:  # taken elsewhere: the node fetches it first
             entry = await asyncio.to_thread(self.live_entry, session)
             with contextlib.suppress(NotFound):
                 source = await asyncio.to_thread(self.records.checkpoint, checkpoint)
                 if source.pushed:
                     await self.call(entry.node, "pull", source.id)
+                elif source.node != entry.node:
+                    try:
+                        await self.call(entry.node, "pull", source.id, source.node)
+                    finally:
+                        await self._drop_export(source.node, source.id)
         rolled: Session = await self._on_session_node("rollback", session, checkpoint)
         entry = await asyncio.to_thread(self.records.session, rolled.id)
         target = rolled.parent_checkpoint

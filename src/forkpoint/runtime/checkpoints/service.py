@@ -21,6 +21,7 @@ from forkpoint.vm import Machine, MachineShape
 if TYPE_CHECKING:
     from forkpoint.models import CheckpointTransfer
     from forkpoint.runtime.checkpoints.portable.common import Local, Progress
+    from forkpoint.runtime.checkpoints.portable.objects import ObjectStore
 
 __all__ = ["Checkpoints", "portable_home"]
 
@@ -155,12 +156,13 @@ class Checkpoints:
         )
 
     async def pull_checkpoint(
-        self, ref: str, source: str, *, endpoint: str | None = None,
+        self, ref: str, source: str | ObjectStore, *, endpoint: str | None = None,
         progress: Progress | None = None,
     ) -> CheckpointTransfer:  # fmt: skip
         """Download the checkpoint ``ref`` (a digest, or a ref: an id or name it was
-        pushed under) from ``s3://BUCKET/PREFIX``, with what this home lacks of its
-        lineage. Fail-closed: every object is verified before anything becomes visible.
+        pushed under) from ``s3://BUCKET/PREFIX`` (or another object store: a cluster
+        node's export), with what this home lacks of its lineage. Fail-closed: every
+        object is verified before anything becomes visible.
 
         :raises IncompatibleCheckpoint: this host cannot restore it (checked before any
             RAM is downloaded); :raises DamagedCheckpoint: an object does not match its

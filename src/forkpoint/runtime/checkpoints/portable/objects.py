@@ -31,7 +31,15 @@ from forkpoint.errors import (
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-__all__ = ["ObjectStore", "S3Store", "TarReader", "TarWriter", "TransferCounter", "sha256_file"]
+__all__ = [
+    "ObjectStore",
+    "S3Store",
+    "TarReader",
+    "TarWriter",
+    "TransferCounter",
+    "check_size",
+    "sha256_file",
+]
 
 _MULTIPART = 64 << 20  # objects larger than this go up in parts (S3 caps one PUT at 5 GiB)
 _PART = 16 << 20
@@ -196,7 +204,7 @@ class S3Store:
             with dest.open("wb") as out:
                 for chunk in answer["Body"].iter_chunks(_READ):
                     size += len(chunk)
-                    _check_size(key, size, max_bytes)
+                    check_size(key, size, max_bytes)
                     out.write(chunk)
         self._received(key, size)
 
@@ -226,7 +234,7 @@ class S3Store:
         self.counter.keys_received.append(key)
 
 
-def _check_size(key: str, size: int, max_bytes: int | None) -> None:
+def check_size(key: str, size: int, max_bytes: int | None) -> None:
     if max_bytes is not None and size > max_bytes:
         raise DamagedCheckpoint(f"object {key} is larger than its manifest says ({max_bytes})")
 
@@ -355,6 +363,13 @@ class TarReader:
             raise NotFound(f"not in {self.path.name}: {key}")
         return f  # type: ignore[return-value]
 
+    def read_at(self, key: str, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of ``key`` from ``offset`` (b"" past its end), uncounted:
+        a node serving its export to another (``cluster/transfer.py``)."""
+        member = self._open(key)
+        member.seek(offset)
+        return member.read(size)
+
     def get_bytes(self, key: str) -> bytes:
         data = self._open(key).read()
         self.counter.received_bytes += len(data)
@@ -368,7 +383,7 @@ class TarReader:
         with dest.open("wb") as out:
             while chunk := src.read(_READ):
                 size += len(chunk)
-                _check_size(key, size, max_bytes)
+                check_size(key, size, max_bytes)
                 out.write(chunk)
         self.counter.received_bytes += size
         self.counter.received_objects += 1

@@ -39,11 +39,12 @@ def push_checkpoint(
 
 
 def pull_checkpoint(
-    local: Local, checkpoint_of: CheckpointOf, ref: str, source: str,
+    local: Local, checkpoint_of: CheckpointOf, ref: str, source: str | ObjectStore,
     endpoint: str | None, progress: Progress,
 ) -> CheckpointTransfer:  # fmt: skip
+    """From an S3 URL, or any object store (a cluster node's export)."""
     started = time.perf_counter()
-    objects = S3Store(source, endpoint)
+    objects = S3Store(source, endpoint) if isinstance(source, str) else source
     with global_lock(local.home, "pull", timeout_s=_PULL_LOCK_S):
         checkpoint_id, digest = Puller(local, objects, progress).pull(ref)
     record = local.store.get_checkpoint(checkpoint_id)

@@ -1,0 +1,91 @@
+"""A checkpoint fetched from the node that holds it, not through the store.
+
+A checkpoint taken with ``FORKPOINT_CLUSTER_PUSH=0`` is on its node only. A fork or a
+rollback on another node fetches it from there: the holder writes the checkpoint and its
+lineage into one archive, once (the format of ``forkpoint checkpoint export``), and the
+fetching node's pull reads that archive as an object store over actor calls
+(:class:`NodeObjects`) — only the objects it lacks, in chunks, each verified as any
+pull's. A pushed checkpoint comes from the store instead: its push was paid when it was
+taken, and ``forkpoint bench --cluster`` measures both paths side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.runtime.checkpoints.portable.objects import TransferCounter, check_size
+
+__all__ = ["NodeObjects"]
+
+_CHUNK = 8 << 20  # bytes per actor call
+
+
+class NodeObjects:
+    """The holder's export of ``checkpoint`` as a read-only object store, for a pull on
+    this node. Blocking: a pull runs in a thread."""
+
+    def __init__(self, holder: Any, checkpoint: str, name: str) -> None:
+        self.holder = holder  # its daemon's actor handle
+        self.checkpoint = checkpoint
+        self.name = name
+        self.counter = TransferCounter()
+
+    def describe(self) -> str:
+        return f"node {self.name}'s export of {self.checkpoint}"
+
+    def has(self, key: str) -> bool:
+        return bool(self._ask("export_has", key))
+
+    def put_file(self, key: str, path: Path) -> None:
+        raise InvalidInput(f"{self.describe()} is read-only")
+
+    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None:
+        raise InvalidInput(f"{self.describe()} is read-only")
+
+    def get_bytes(self, key: str) -> bytes:
+        data = b"".join(self._chunks(key))
+        self._received(key, len(data))
+        return data
+
+    def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
+        size = 0
+        with dest.open("wb") as out:
+            for chunk in self._chunks(key):
+                size += len(chunk)
+                check_size(key, size, max_bytes)
+                out.write(chunk)
+        self._received(key, size)
+
+    def _chunks(self, key: str) -> Iterator[bytes]:
+        offset = 0
+        while True:
+            chunk: bytes = self._ask("export_read", key, offset, _CHUNK)
+            if chunk:
+                yield chunk
+            if len(chunk) < _CHUNK:
+                return
+            offset += len(chunk)
+
+    def _received(self, key: str, size: int) -> None:
+        self.counter.received_bytes += size
+        self.counter.received_objects += 1
+        self.counter.keys_received.append(key)
+
+    def _ask(self, method: str, *args: Any) -> Any:
+        import ray
+
+        from forkpoint.cluster.runtime import NodeLost
+
+        try:
+            return ray.get(getattr(self.holder, method).remote(self.checkpoint, *args))
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, ForkpointError):
+                raise error.cause from None
+            raise
+        except ray.exceptions.RayActorError:
+            raise NodeLost(
+                f"node {self.name} went away while {self.checkpoint} was fetched"
+            ) from None
