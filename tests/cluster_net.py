@@ -9,6 +9,7 @@ everything else is per node. The client (the CLI) runs in the head's namespace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -41,6 +42,15 @@ def _sh(*argv: str, check: bool = True, env: dict[str, str] | None = None,
 
 def _in(ns: str, *argv: str) -> list[str]:
     return ["ip", "netns", "exec", ns, *argv]
+
+
+def _is_ray(pid: int) -> bool:
+    """A process of Ray's (GCS, raylet, a worker, an agent), not a VM or its helpers."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return argv[0].startswith(b"ray::") or any(b"/ray/" in a for a in argv[:3])
 
 
 @dataclass
@@ -142,6 +152,22 @@ class ClusterNet:
         """The host is gone: every process in its namespace (raylet, workers, the
         daemon, its VMs) killed at once."""
         self._kill_all(self.ns(node))
+
+    def restart_ray(self) -> None:
+        """The cluster's Ray down and a new head up, as a head restarted without GCS
+        fault tolerance leaves it: every Ray process killed — the head's (not the S3
+        server beside it) and each node's raylet and workers, its daemon among them —
+        while the hosts and their VMs stay; nodes join the new head anew."""
+        for ns in [_HEAD, *map(self.ns, self.nodes)]:
+            for pid in self.pids(ns):
+                if pid != (self._store.pid if self._store else None) and _is_ray(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+        self._start_head()
+
+    def in_node(self, node: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        """A command in ``node``'s namespace (its own loopback)."""
+        return _sh(*_in(self.ns(node), *argv), check=False)
 
     def _kill_all(self, ns: str) -> None:
         for pid in self.pids(ns):

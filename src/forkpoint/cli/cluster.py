@@ -91,6 +91,12 @@ def join_command(
         + (", auto-recover on" if info["auto_recover"] else ""),
         highlight=False,
     )
+    if info["readopted"]:  # Ray had forgotten this node (a head restarted without GCS FT)
+        console.print(
+            f"kept {len(info['readopted'])} session(s) running here under this node's new "
+            f"Ray id: {', '.join(info['readopted'])}",
+            highlight=False,
+        )
     if info["removed_stale"]:  # revived elsewhere while this node was away
         console.print(
             f"removed {len(info['removed_stale'])} session(s) the cluster had revived "

@@ -84,10 +84,10 @@ def join(
         )
         .remote(name, env)
     )
-    stale = ray.get(daemon.reconcile.remote(node), timeout=_DAEMON_START_S)
+    reconciled = ray.get(daemon.reconcile.remote(node), timeout=_DAEMON_START_S)
     ray.get(daemon.set_auto_recover.remote(auto_recover), timeout=_DAEMON_START_S)
     info: dict[str, Any] = ray.get(daemon.info.remote(), timeout=_DAEMON_START_S)
-    return dict(info, node_id=node, removed_stale=stale)
+    return dict(info, node_id=node, **reconciled)
 
 
 def _this_node(labels: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -27,6 +28,7 @@ from forkpoint.errors import ForkpointError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from forkpoint.agent_client.tunnel import TunnelReader, TunnelWriter
+    from forkpoint.cluster.records import Records, SessionEntry
     from forkpoint.models import (
         BackgroundProcess,
         Checkpoint,
@@ -140,23 +142,46 @@ class NodeDaemon:
                 _log.exception("auto-recover failed")
             await asyncio.sleep(_REVIVE_EVERY_S)
 
-    async def reconcile(self, node: str) -> list[str]:
-        """Remove the sessions of this home that the cluster no longer places here (it
-        revived them elsewhere while this node was gone, or removed them); their ids.
-        A node's home belongs to the cluster."""
+    async def reconcile(self, node: str) -> dict[str, list[str]]:
+        """Make this home and the cluster's records agree as this node joins (Ray id
+        ``node``). A session whose record names this node under an id Ray no longer knows
+        (a head restarted without GCS fault tolerance forgets every node; a host's Ray
+        restarted gets a new id) is this node's again: its record re-pointed, its
+        reservation made anew here if its old one is gone. Any other session the cluster
+        no longer places here (revived elsewhere while this node was gone, or removed) is
+        removed: a node's home belongs to the cluster. The ids of both."""
         from forkpoint.cluster.records import Records
         from forkpoint.runtime.checkpoints.portable.objects import S3Store
 
         self._ready()
-        placed = {
-            e.id
-            for e in await asyncio.to_thread(Records(S3Store(self.store)).sessions)
-            if e.node == node
-        }
-        stale = [s.id for s in await self.sessions() if s.id not in placed]
-        for session in stale:
-            await self.runtime.remove(session)
-        return stale
+        records = Records(S3Store(self.store))
+        entries = {e.id: e for e in await asyncio.to_thread(records.sessions)}
+        known = await asyncio.to_thread(_live_nodes)
+        readopted, stale = [], []
+        for session in await self.sessions():
+            entry = entries.get(session.id)
+            if entry is not None and entry.node == node:
+                continue
+            if entry is not None and entry.node_name == self.name and entry.node not in known:
+                await asyncio.to_thread(self._readopt, records, entry, node, entries)
+                readopted.append(session.id)
+            else:
+                await self.runtime.remove(session.id)
+                stale.append(session.id)
+        return {"readopted": readopted, "removed_stale": stale}
+
+    def _readopt(
+        self, records: Records, entry: SessionEntry, node: str, entries: dict[str, SessionEntry]
+    ) -> None:
+        from forkpoint.cluster.connection import NODE_LABEL
+        from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
+
+        if bundle_node(entry.group, entry.bundle) != node:  # gone with the head, or moved
+            here = reserve(1, entry.memory_mib, entry.cpus, Strategy.PACK, {NODE_LABEL: self.name})
+            if not any(e.group == entry.group for e in entries.values() if e.id != entry.id):
+                release(entry.group)  # Ray moved it elsewhere: nobody else holds it
+            entry = dataclasses.replace(entry, group=here.group, bundle=0)
+        records.put_session(entry.moved(node, self.name))
 
     async def create(self, options: dict[str, Any]) -> Session:
         self._ready()
@@ -396,3 +421,10 @@ class NodeDaemon:
             return self._tunnels[tunnel]
         except KeyError:
             raise NotFound(f"no tunnel {tunnel} on node {self.name}") from None
+
+
+def _live_nodes() -> set[str]:
+    """The ids of the nodes Ray knows alive now."""
+    import ray
+
+    return {str(n["NodeID"]) for n in ray.nodes() if n["Alive"]}  # type: ignore[no-untyped-call]

@@ -40,9 +40,11 @@ class SessionEntry:
     #: What it would be revived from: its latest checkpoint in the store, else the
     #: checkpoint it started from (None: created from an image, nothing pushed yet).
     revive_from: str | None = None
+    #: Its node's forkpoint name: the node rejoining under a new Ray id finds it by this.
+    node_name: str = ""
 
-    def moved(self, node: str) -> SessionEntry:
-        return replace(self, node=node)
+    def moved(self, node: str, node_name: str) -> SessionEntry:
+        return replace(self, node=node, node_name=node_name)
 
 
 @dataclass(frozen=True)

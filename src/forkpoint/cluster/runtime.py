@@ -260,7 +260,7 @@ class ClusterRuntime:
     ) -> Session | ForkpointError:
         """Record a session just made on ``node``; if the store refuses, the session goes
         (a session the cluster has no record of would be nobody's)."""
-        entry = _entry(session, node, group, bundle, revive_from)
+        entry = _entry(session, node, group, bundle, revive_from).moved(node, self._name(node))
         try:
             await asyncio.to_thread(self.records.put_session, entry)
         except ForkpointError as error:
@@ -363,7 +363,7 @@ class ClusterRuntime:
         except NotFound:
             await self.call(node, "remove", entry.id)
             raise NotFound(f"{entry.id} was removed while it was being revived") from None
-        await asyncio.to_thread(self.records.put_session, entry.moved(node))
+        await asyncio.to_thread(self.records.put_session, entry.moved(node, self._name(node)))
         return self._on(session, node)
 
     async def remove_checkpoint(self, checkpoint: str) -> None:
