@@ -8,7 +8,9 @@ side on the cluster ``FORKPOINT_CLUSTER`` names.
 - transfer: a checkpoint with 64 MiB just written, pushed as taken, then pulled from the
   store by every other node, per MiB received; then fetched by them again directly from
   the node holding it (its export, once, timed apart);
-- fan-out: fork ×12 packed on as few nodes as hold them against spread over them.
+- fork: one fork through the cluster against one by the node's own runtime (the
+  checkpoint there already), and fork ×12 packed on as few nodes as hold them against
+  spread over them.
 
 Medians of repeated runs in one process (no CLI start-up). Every session and checkpoint it
 makes is removed again.
@@ -87,6 +89,15 @@ async def cluster_suite(
         checkpoint = taken.id
         out["checkpoint_and_push_ms"] = round(seconds * 1000, 1)
         await _transfers(cluster, node, taken.id, out)
+        log(f"fork ×{rounds} one at a time through the cluster, and by node {out['node']}")
+        forks = []
+        for _ in range(rounds):
+            seconds, made = await _timed(lambda: cluster.fork(taken.id, 1))
+            forks.append(seconds)
+            await _remove_all(cluster, made)
+        out["fork_ms"] = _median_ms(forks)
+        local = await cluster.call(node, "time_forks", taken.id, rounds)
+        out["local_fork_ms"] = _median_ms(local)
         for spread in (False, True):
             log(f"fork ×{_FANOUT} {'spread' if spread else 'packed'}")
             out[f"fork{_FANOUT}_{'spread' if spread else 'pack'}"] = await _fan_out(
@@ -131,6 +142,14 @@ def _per_mib(moved: list[dict[str, float]]) -> float | None:
     return round(sum(m["ms"] for m in moved) / mib, 1) if mib else None
 
 
+async def _remove_all(cluster: ClusterRuntime, made: list[Any]) -> None:
+    """Remove the forks made; the first fork that failed raised."""
+    for fork in made:
+        if isinstance(fork, Exception):
+            raise fork
+        await cluster.remove(fork.id)
+
+
 async def _fan_out(cluster: ClusterRuntime, checkpoint: str, spread: bool) -> dict[str, Any]:
     seconds, forks = await _timed(lambda: cluster.fork(checkpoint, _FANOUT, spread=spread))
     made = [f for f in forks if not isinstance(f, Exception)]
@@ -152,6 +171,9 @@ def cluster_lines(result: dict[str, Any]) -> list[str]:
         f"{result['placement_ms']} ms, a daemon round trip {result['daemon_round_trip_ms']} ms, "
         f"the record written to the store {result['record_write_ms']} ms)",
         f"checkpoint + push (64 MiB just written): {result['checkpoint_and_push_ms']} ms",
+        f"fork ×1: {result['fork_ms']} ms through the cluster vs {result['local_fork_ms']} ms "
+        f"by node {result['node']} itself "
+        f"(+{round(result['fork_ms'] - result['local_fork_ms'], 1)} ms)",
     ]
     if result["pull_ms_per_mib"] is None:
         lines.append("pull: no other node to pull to")

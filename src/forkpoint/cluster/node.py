@@ -199,6 +199,20 @@ class NodeDaemon:
             await self.runtime.remove(made.id)
         return seconds
 
+    async def time_forks(self, checkpoint: str, rounds: int) -> list[float]:
+        """Seconds of each of ``rounds`` single forks of ``checkpoint`` (here already) by
+        this host's own runtime, each removed again (``bench --cluster``)."""
+        self._ready()
+        seconds = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            made = (await self.runtime.fork(checkpoint, 1))[0]
+            seconds.append(time.perf_counter() - start)
+            if isinstance(made, ForkpointError):
+                raise made
+            await self.runtime.remove(made.id)
+        return seconds
+
     async def on_session(
         self, method: str, session: str, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> Any:
