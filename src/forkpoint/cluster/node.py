@@ -20,7 +20,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +63,10 @@ class NodeDaemon:
         self._tunnels: dict[int, tuple[contextlib.AsyncExitStack, TunnelReader, TunnelWriter]]
         self._tunnels = {}
         self._ids = itertools.count(1)
-        #: Archives of checkpoints other nodes fetch from here (:mod:`.transfer`).
+        #: Archives of checkpoints other nodes fetch from here (:mod:`.transfer`), and
+        #: how many fetches each still serves.
         self._exports: dict[str, asyncio.Future[TarReader]] = {}
+        self._fetching: dict[str, int] = {}
         self._reading = asyncio.Lock()  # one read at a time: readers share a file object
         shutil.rmtree(self._exports_dir, ignore_errors=True)  # a restarted daemon's leftovers
 
@@ -162,26 +164,31 @@ class NodeDaemon:
             entry = entries.get(session.id)
             if entry is not None and entry.node == node:
                 continue
-            if entry is not None and entry.node_name == self.name and entry.node not in known:
+            if entry is None or (entry.node in known and entry.node_name != self.name):
+                await self.runtime.remove(session.id)  # removed, or revived on a live node
+                stale.append(session.id)
+            else:  # placed here under another id (a record of before node_name: a dead one)
                 await asyncio.to_thread(self._readopt, records, entry, node, entries)
                 readopted.append(session.id)
-            else:
-                await self.runtime.remove(session.id)
-                stale.append(session.id)
         return {"readopted": readopted, "removed_stale": stale}
 
     def _readopt(
         self, records: Records, entry: SessionEntry, node: str, entries: dict[str, SessionEntry]
     ) -> None:
+        """Point ``entry`` at this node's new id, with a reservation here (made anew if
+        its group is gone, or Ray moved its bundle; the old group released once none of
+        its sessions holds it)."""
         from forkpoint.cluster.connection import NODE_LABEL
         from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
 
+        moved = entry.moved(node, self.name)
         if bundle_node(entry.group, entry.bundle) != node:  # gone with the head, or moved
             here = reserve(1, entry.memory_mib, entry.cpus, Strategy.PACK, {NODE_LABEL: self.name})
+            moved = dataclasses.replace(moved, group=here.group, bundle=0)
             if not any(e.group == entry.group for e in entries.values() if e.id != entry.id):
-                release(entry.group)  # Ray moved it elsewhere: nobody else holds it
-            entry = dataclasses.replace(entry, group=here.group, bundle=0)
-        records.put_session(entry.moved(node, self.name))
+                release(entry.group)
+        records.put_session(moved)
+        entries[entry.id] = moved  # its siblings see the old group as released by it
 
     async def create(self, options: dict[str, Any]) -> Session:
         self._ready()
@@ -190,26 +197,26 @@ class NodeDaemon:
     async def time_creates(self, rounds: int, memory_mib: int) -> list[float]:
         """Seconds of each of ``rounds`` creates by this host's own runtime, each session
         removed again: what a create costs here without the cluster (``bench --cluster``)."""
-        self._ready()
-        seconds = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            made = await self.runtime.create(memory_mib=memory_mib)
-            seconds.append(time.perf_counter() - start)
-            await self.runtime.remove(made.id)
-        return seconds
+        return await self._timed(rounds, lambda: self.runtime.create(memory_mib=memory_mib))
 
     async def time_forks(self, checkpoint: str, rounds: int) -> list[float]:
-        """Seconds of each of ``rounds`` single forks of ``checkpoint`` (here already) by
-        this host's own runtime, each removed again (``bench --cluster``)."""
+        """The same for single forks of ``checkpoint`` (here already)."""
+
+        async def fork() -> Session:
+            made = (await self.runtime.fork(checkpoint, 1))[0]
+            if isinstance(made, ForkpointError):
+                raise made
+            return made
+
+        return await self._timed(rounds, fork)
+
+    async def _timed(self, rounds: int, make: Callable[[], Awaitable[Session]]) -> list[float]:
         self._ready()
         seconds = []
         for _ in range(rounds):
             start = time.perf_counter()
-            made = (await self.runtime.fork(checkpoint, 1))[0]
+            made = await make()
             seconds.append(time.perf_counter() - start)
-            if isinstance(made, ForkpointError):
-                raise made
             await self.runtime.remove(made.id)
         return seconds
 
@@ -332,16 +339,14 @@ class NodeDaemon:
             return None
         if holder is None:
             return await self.runtime.pull_checkpoint(checkpoint, self.store)
-        import ray
-
-        from forkpoint.cluster.connection import daemon_name
         from forkpoint.cluster.transfer import NodeObjects
         from forkpoint.runtime.checkpoints.portable.common import EXPORT_REF
 
-        source = await asyncio.to_thread(ray.get_actor, daemon_name(holder))
-        await source.export.remote(checkpoint)
-        objects = NodeObjects(source, checkpoint, holder[:12])
-        return await self.runtime.pull_checkpoint(EXPORT_REF, objects)
+        objects = await asyncio.to_thread(NodeObjects.of, holder, checkpoint)
+        try:
+            return await self.runtime.pull_checkpoint(EXPORT_REF, objects)
+        finally:
+            await asyncio.to_thread(objects.release)
 
     async def pull(self, checkpoint: str, holder: str | None = None) -> CheckpointTransfer | None:
         """Bring ``checkpoint`` here ahead of a fork or rollback (None: here already)."""
@@ -351,24 +356,30 @@ class NodeDaemon:
     # -- exports: checkpoints other nodes fetch from here (cluster/transfer.py) ----------
 
     async def export(self, checkpoint: str) -> None:
-        """Write ``checkpoint`` and its lineage into one archive here, once (kept until
-        :meth:`export_drop`: several nodes may be fetching it)."""
+        """Write ``checkpoint`` and its lineage into one archive here, once, for a node
+        fetching it; each ask is answered by one :meth:`export_drop` (the archive is
+        deleted with the last)."""
         self._ready()
         if checkpoint not in self._exports:
             self._exports[checkpoint] = asyncio.ensure_future(self._export(checkpoint))
+        self._fetching[checkpoint] = self._fetching.get(checkpoint, 0) + 1
         try:
             await asyncio.shield(self._exports[checkpoint])
-        except ForkpointError:
-            self._exports.pop(checkpoint, None)  # the next ask tries again
+        except BaseException:
+            await self.export_drop(checkpoint)
             raise
 
     async def _export(self, checkpoint: str) -> TarReader:
         from forkpoint.runtime.checkpoints.portable.objects import TarReader
 
-        path = self._exports_dir / f"{checkpoint}.tar"
-        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-        await self.runtime.export_checkpoint(checkpoint, path)
-        return await asyncio.to_thread(TarReader, path)
+        path = self._export_path(checkpoint)
+        try:
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            await self.runtime.export_checkpoint(checkpoint, path)
+            return await asyncio.to_thread(TarReader, path)
+        except BaseException:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            raise
 
     async def export_has(self, checkpoint: str, key: str) -> bool:
         return (await self._export_of(checkpoint)).has(key)
@@ -381,14 +392,24 @@ class NodeDaemon:
             return await asyncio.to_thread(reader.read_at, key, offset, size)
 
     async def export_drop(self, checkpoint: str) -> None:
-        """The archive is not needed any more: deleted."""
+        """A node has what it fetched (or gave up): with the last of them, the archive
+        is deleted."""
+        left = self._fetching.get(checkpoint, 0) - 1
+        if left > 0:
+            self._fetching[checkpoint] = left
+            return
+        self._fetching.pop(checkpoint, None)
         made = self._exports.pop(checkpoint, None)
         if made is None:
             return
-        with contextlib.suppress(ForkpointError):
-            (await made).close()
-        path = self._exports_dir / f"{checkpoint}.tar"
-        await asyncio.to_thread(path.unlink, missing_ok=True)
+        with contextlib.suppress(Exception):
+            reader = await made
+            async with self._reading:  # not under a read
+                reader.close()
+        await asyncio.to_thread(self._export_path(checkpoint).unlink, missing_ok=True)
+
+    def _export_path(self, checkpoint: str) -> Path:
+        return self._exports_dir / f"{checkpoint}.tar"
 
     async def _export_of(self, checkpoint: str) -> TarReader:
         made = self._exports.get(checkpoint)

@@ -21,7 +21,15 @@ from enum import StrEnum
 from forkpoint.cluster.connection import SLOT
 from forkpoint.errors import LimitExceeded
 
-__all__ = ["OVERHEAD_MIB", "Placement", "Strategy", "bundle_node", "release", "reserve"]
+__all__ = [
+    "OVERHEAD_MIB",
+    "Placement",
+    "Strategy",
+    "bundle_node",
+    "group_exists",
+    "release",
+    "reserve",
+]
 
 #: What a VM uses beside its guest memory (QEMU, passt, the volume server), reserved too.
 OVERHEAD_MIB = 128
@@ -100,6 +108,17 @@ def bundle_node(group: str, bundle: int) -> str | None:
         return None
     node = table["bundles_to_node_id"].get(bundle)
     return str(node) if node else None
+
+
+def group_exists(group: str) -> bool:
+    """Whether Ray has ``group`` (placed or waiting for room)."""
+    import ray
+
+    try:
+        ray.util.get_placement_group(group)
+    except ValueError:
+        return False
+    return True
 
 
 def release(group: str) -> None:

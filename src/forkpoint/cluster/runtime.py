@@ -27,7 +27,7 @@ from forkpoint.cluster.connection import (
     store_url,
 )
 from forkpoint.cluster.operations import ON_SESSION_NODE
-from forkpoint.cluster.placement import Strategy, bundle_node, release, reserve
+from forkpoint.cluster.placement import Strategy, bundle_node, group_exists, release, reserve
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
 from forkpoint.cluster.tunnel import NodeStreamReader, NodeStreamWriter, node_streams
 from forkpoint.config import ApiLimits, Home, home
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
         BackgroundProcess,
         Checkpoint,
         CommandResult,
-        Event,
         FileEvent,
         Metric,
         ProcessEvent,
@@ -146,6 +145,15 @@ class ClusterRuntime:
                 "(gone, or never joined: `forkpoint cluster join` there)"
             ) from None
 
+    def _node_name(self, node: str) -> str:
+        """The node's forkpoint name (its label; Ray asked afresh for one just joined),
+        kept in its sessions' records: the node rejoining under a new id finds them."""
+        view = self.nodes().get(node)
+        if view is None:
+            self._nodes = None
+            view = self.nodes().get(node)
+        return view.labels.get(NODE_LABEL, "") if view else ""
+
     def _name(self, node: str) -> str:
         view = self.nodes().get(node)
         return view.name if view else node[:12]
@@ -240,27 +248,19 @@ class ClusterRuntime:
                 out.append((slot, result))
             return out
 
-        try:
-            placed = await asyncio.gather(*(on(n, slots) for n, slots in bundles.items()))
-        finally:
-            if holder is not None and set(bundles) != {holder}:
-                await self._drop_export(holder, source.id)
+        placed = await asyncio.gather(*(on(n, slots) for n, slots in bundles.items()))
         results = dict(pair for pairs in placed for pair in pairs)
         if not any(isinstance(r, Session) for r in results.values()):
             await asyncio.to_thread(release, placement.group)
         return [results[i] for i in range(count)]
-
-    async def _drop_export(self, holder: str, checkpoint: str) -> None:
-        """The holder's archive of ``checkpoint`` has been fetched: deleted there."""
-        with contextlib.suppress(ForkpointError):
-            await self.call(holder, "export_drop", checkpoint)
 
     async def _record(
         self, session: Session, node: str, group: str, bundle: int, revive_from: str | None
     ) -> Session | ForkpointError:
         """Record a session just made on ``node``; if the store refuses, the session goes
         (a session the cluster has no record of would be nobody's)."""
-        entry = _entry(session, node, group, bundle, revive_from).moved(node, self._name(node))
+        name = await asyncio.to_thread(self._node_name, node)
+        entry = _entry(session, node, name, group, bundle, revive_from)
         try:
             await asyncio.to_thread(self.records.put_session, entry)
         except ForkpointError as error:
@@ -344,10 +344,23 @@ class ClusterRuntime:
             if on_node is not None and node != on_node:
                 continue
             try:
+                if node is None and on_node is None and entry.revive_from is not None:
+                    entry, node = await self._placed_anew(entry)
                 out.append(await self._revive(entry, node))
             except ForkpointError as error:
                 out.append(error)
         return out
+
+    async def _placed_anew(self, entry: SessionEntry) -> tuple[SessionEntry, str | None]:
+        """A reservation for a lost session whose group Ray no longer has (a head
+        restarted without GCS fault tolerance forgot it); one still waiting for room
+        stays as it is."""
+        if await asyncio.to_thread(group_exists, entry.group):
+            return entry, None
+        placed = await asyncio.to_thread(reserve, 1, entry.memory_mib, entry.cpus, Strategy.PACK)
+        anew = dataclasses.replace(entry, group=placed.group, bundle=0)
+        await asyncio.to_thread(self.records.put_session, anew)
+        return anew, placed.nodes[0]
 
     async def _revive(self, entry: SessionEntry, node: str | None) -> Session:
         if entry.revive_from is None:
@@ -363,7 +376,8 @@ class ClusterRuntime:
         except NotFound:
             await self.call(node, "remove", entry.id)
             raise NotFound(f"{entry.id} was removed while it was being revived") from None
-        await asyncio.to_thread(self.records.put_session, entry.moved(node, self._name(node)))
+        name = await asyncio.to_thread(self._node_name, node)
+        await asyncio.to_thread(self.records.put_session, entry.moved(node, name))
         return self._on(session, node)
 
     async def remove_checkpoint(self, checkpoint: str) -> None:
@@ -496,10 +510,6 @@ class ClusterRuntime:
         added["load_1m"] = max((n.load_1m for n in nodes), default=0.0)
         return HostStatus(**added)
 
-    def recent_events(self, count: int = 20, session: str | None = None) -> list[Event]:
-        """None: the event log is each host's own, not gathered on a cluster yet."""
-        return []
-
     def _read_each(self, method: str) -> list[Any]:
         return list(self._ask_each(self.forkpoint_nodes(), "read", method).values())
 
@@ -597,10 +607,7 @@ class ClusterRuntime:
                 if source.pushed:
                     await self.call(entry.node, "pull", source.id)
                 elif source.node != entry.node:
-                    try:
-                        await self.call(entry.node, "pull", source.id, source.node)
-                    finally:
-                        await self._drop_export(source.node, source.id)
+                    await self.call(entry.node, "pull", source.id, source.node)
         rolled: Session = await self._on_session_node("rollback", session, checkpoint)
         entry = await asyncio.to_thread(self.records.session, rolled.id)
         target = rolled.parent_checkpoint
@@ -648,10 +655,10 @@ class ClusterRuntime:
 
 
 def _entry(
-    session: Session, node: str, group: str, bundle: int, revive_from: str | None
+    session: Session, node: str, node_name: str, group: str, bundle: int, revive_from: str | None
 ) -> SessionEntry:
     return SessionEntry(
         id=session.id, name=session.name, node=node, group=group, bundle=bundle,
         image=session.image, created_at=session.created_at, memory_mib=session.memory_mib,
-        cpus=session.cpus, revive_from=revive_from,
+        cpus=session.cpus, revive_from=revive_from, node_name=node_name,
     )  # fmt: skip

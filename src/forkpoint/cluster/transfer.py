@@ -11,27 +11,53 @@ taken, and ``forkpoint bench --cluster`` measures both paths side by side.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from forkpoint.errors import ForkpointError, InvalidInput
+from forkpoint.errors import ForkpointError, InternalError, InvalidInput
 from forkpoint.runtime.checkpoints.portable.objects import TransferCounter, check_size
 
 __all__ = ["NodeObjects"]
 
 _CHUNK = 8 << 20  # bytes per actor call
+_ANSWER_WITHIN_S = 120.0  # a chunk; a holder silent longer is treated as gone
+_EXPORT_WITHIN_S = 1800.0  # writing a whole lineage
 
 
 class NodeObjects:
     """The holder's export of ``checkpoint`` as a read-only object store, for a pull on
-    this node. Blocking: a pull runs in a thread."""
+    this node (:meth:`of` asks for the export, :meth:`release` says it is done).
+    Blocking: a pull runs in a thread."""
 
     def __init__(self, holder: Any, checkpoint: str, name: str) -> None:
         self.holder = holder  # its daemon's actor handle
         self.checkpoint = checkpoint
         self.name = name
         self.counter = TransferCounter()
+
+    @classmethod
+    def of(cls, node: str, checkpoint: str) -> NodeObjects:
+        """Node ``node``'s export of ``checkpoint``, made there if need be (it may take a
+        while: the lineage is written once). :raises NodeLost: no daemon runs there."""
+        import ray
+
+        from forkpoint.cluster.connection import daemon_name
+        from forkpoint.cluster.runtime import NodeLost
+
+        try:
+            holder = ray.get_actor(daemon_name(node))
+        except ValueError:
+            raise NodeLost(f"node {node[:12]}, which holds {checkpoint}, is gone") from None
+        objects = cls(holder, checkpoint, node[:12])
+        objects._ask("export", timeout_s=_EXPORT_WITHIN_S)
+        return objects
+
+    def release(self) -> None:
+        """This node has what it needed: the holder may delete its archive."""
+        with contextlib.suppress(ForkpointError):
+            self._ask("export_drop")
 
     def describe(self) -> str:
         return f"node {self.name}'s export of {self.checkpoint}"
@@ -74,17 +100,24 @@ class NodeObjects:
         self.counter.received_objects += 1
         self.counter.keys_received.append(key)
 
-    def _ask(self, method: str, *args: Any) -> Any:
+    def _ask(self, method: str, *args: Any, timeout_s: float = _ANSWER_WITHIN_S) -> Any:
+        """The holder's ``method``; its errors as forkpoint's, a silence as one too."""
         import ray
 
         from forkpoint.cluster.runtime import NodeLost
 
         try:
-            return ray.get(getattr(self.holder, method).remote(self.checkpoint, *args))
+            answer = getattr(self.holder, method).remote(self.checkpoint, *args)
+            return ray.get(answer, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise InternalError(
+                f"node {self.name} did not answer {method} for {self.checkpoint} "
+                f"within {timeout_s:.0f} s"
+            ) from None
         except ray.exceptions.RayTaskError as error:
             if isinstance(error.cause, ForkpointError):
                 raise error.cause from None
-            raise
+            raise InternalError(f"node {self.name}: {error.cause!r}") from None
         except ray.exceptions.RayActorError:
             raise NodeLost(
                 f"node {self.name} went away while {self.checkpoint} was fetched"

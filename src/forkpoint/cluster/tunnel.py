@@ -98,6 +98,9 @@ async def node_streams(
     try:
         yield NodeStreamReader(call, tunnel), writer
     finally:
-        await writer.wait_closed()
-        with contextlib.suppress(Exception):
-            await call("tunnel_close", tunnel)
+        try:
+            await writer.wait_closed()
+        finally:  # also when cancelled: the node must not keep the guest connection
+            closing = asyncio.ensure_future(call("tunnel_close", tunnel))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(closing)

@@ -101,6 +101,8 @@ def _sandbox(sandboxes: Sandboxes, request: Request, op: str | None = None) -> S
 
 
 def _call(sandboxes: Sandboxes, request: Request, op: str | None = None) -> EnvdCall:
+    """The call's sandbox, its user and timeouts (blocking: on a cluster, the store's and
+    the node's answers)."""
     return EnvdCall(
         runtime=sandboxes.runtime, sandbox=_sandbox(sandboxes, request, op), user=_user(request),
         deadline_s=_timeout_s(request, "connect-timeout-ms", 0.001),
@@ -134,7 +136,7 @@ def envd_router(sandboxes: Sandboxes) -> APIRouter:
     @router.get("/files")
     async def get_files(request: Request) -> Response:
         try:
-            call = _call(sandboxes, request, "read")
+            call = await asyncio.to_thread(_call, sandboxes, request, "read")
         except _Denied as denied:
             return envd_http_error(denied.status, denied.message)
         return await download(call, request.query_params.get("path"))
@@ -142,7 +144,7 @@ def envd_router(sandboxes: Sandboxes) -> APIRouter:
     @router.post("/files")
     async def post_files(request: Request) -> Response:
         try:
-            call = _call(sandboxes, request, "write")
+            call = await asyncio.to_thread(_call, sandboxes, request, "write")
         except _Denied as denied:
             return envd_http_error(denied.status, denied.message)
         return await upload(call, request, request.query_params.get("path"))
@@ -160,7 +162,7 @@ def envd_router(sandboxes: Sandboxes) -> APIRouter:
 
 async def _rpc(sandboxes: Sandboxes, request: Request, service: str, method: str) -> Response:
     try:
-        call = _call(sandboxes, request)
+        call = await asyncio.to_thread(_call, sandboxes, request)
     except _Denied as denied:
         return _denied_rpc(denied)
     try:

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from forkpoint.errors import InvalidInput, NotFound
-from forkpoint.models import SessionState, to_json_data
+from forkpoint.models import Event, SessionState, to_json_data
 from forkpoint.runtime import Runtime
 
 from .middleware import send_error
@@ -144,9 +144,16 @@ def _state(runtime: Runtime) -> dict[str, Any]:
     checkpoints = [to_json_data(c) for c in listed]
     return {
         "sessions": sessions, "checkpoints": checkpoints, "steps": runtime.step_labels(),
-        "events": to_json_data(runtime.recent_events(_EVENTS_SHOWN)),
+        "events": to_json_data(_events(runtime)),
         "host": to_json_data(runtime.host_status()),
     }  # fmt: skip
+
+
+def _events(runtime: Runtime) -> list[Event]:
+    try:
+        return runtime.recent_events(_EVENTS_SHOWN)
+    except InvalidInput:  # a cluster does not gather its hosts' event logs yet
+        return []
 
 
 class UiLogin:

@@ -36,26 +36,37 @@ async def guest_port_on_loopback(
     async with tunnels.tcp_tunnel(session, guest_port):
         pass
 
-    open_ones: set[asyncio.StreamWriter] = set()
+    handlers: set[asyncio.Task[None]] = set()
 
     async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        open_ones.add(writer)
+        handler = asyncio.current_task()
+        assert handler is not None
+        handlers.add(handler)
         try:
             async with tunnels.tcp_tunnel(session, guest_port) as (up_reader, up_writer):
-                await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+                copies = [
+                    asyncio.ensure_future(_copy(reader, up_writer)),
+                    asyncio.ensure_future(_copy(up_reader, writer)),
+                ]
+                try:  # both ways until both ended, or one of them failed
+                    await asyncio.wait(copies, return_when=asyncio.FIRST_EXCEPTION)
+                finally:
+                    for copy in copies:
+                        copy.cancel()
         except Exception:  # the guest stopped listening, or a reset: this connection only
             pass
         finally:
-            open_ones.discard(writer)
+            handlers.discard(handler)
             writer.close()
 
     server = await asyncio.start_server(one, "127.0.0.1", local_port)
     async with server:
         try:
             yield int(server.sockets[0].getsockname()[1])
-        finally:  # connections still open end with the block (the server waits for them)
-            for writer in open_ones:
-                writer.close()
+        finally:  # connections still open end with the block, their tunnels closed
+            for handler in list(handlers):
+                handler.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
 
 
 async def _copy(source: Any, sink: Any) -> None:
