@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from forkpoint.errors import NotConfigured
+from forkpoint.errors import Conflict, ForkpointError, InternalError, NotConfigured
 
 __all__ = [
     "NAMESPACE",
     "NODE_LABEL",
+    "NodeLost",
     "QEMU_LABEL",
     "SLOT",
     "connect",
+    "daemon_errors",
     "daemon_name",
     "require_token_auth",
     "store_url",
@@ -30,6 +34,30 @@ NODE_LABEL = "forkpoint.dev/node"
 #: The node label of its QEMU build (sha256 prefix of the binary): a checkpoint restores
 #: only under the build that took it, so forks are placed on nodes with that label.
 QEMU_LABEL = "forkpoint.dev/qemu"
+
+
+class NodeLost(Conflict):
+    """The node holding a session is gone (``forkpoint recover`` revives its sessions)."""
+
+    code = "node_lost"
+
+
+@contextlib.contextmanager
+def daemon_errors(node_name: Callable[[], str], what: str) -> Iterator[None]:
+    """A node daemon's answer to ``what``: its ForkpointError raised as itself, anything
+    else it raised as InternalError, the daemon gone (dead, or not restartable: its node
+    is gone, though Ray may not have said so yet) as NodeLost. ``node_name`` is asked
+    only for a message."""
+    import ray
+
+    try:
+        yield
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, ForkpointError):
+            raise error.cause from None
+        raise InternalError(f"node {node_name()}: {error.cause!r}") from None
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
+        raise NodeLost(f"node {node_name()} went away during {what}") from None
 
 
 def daemon_name(node_id: str) -> str:

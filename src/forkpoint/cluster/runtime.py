@@ -22,7 +22,9 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from forkpoint.cluster.connection import (
     NODE_LABEL,
     QEMU_LABEL,
+    NodeLost,
     connect,
+    daemon_errors,
     daemon_name,
     store_url,
 )
@@ -31,7 +33,7 @@ from forkpoint.cluster.placement import Strategy, bundle_node, group_exists, rel
 from forkpoint.cluster.records import CheckpointEntry, Records, SessionEntry
 from forkpoint.cluster.tunnel import NodeStreamReader, NodeStreamWriter, node_streams
 from forkpoint.config import ApiLimits, Home, home
-from forkpoint.errors import Conflict, ForkpointError, InternalError, InvalidInput, NotFound
+from forkpoint.errors import Conflict, ForkpointError, InvalidInput, NotFound
 from forkpoint.models import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MIB,
@@ -59,12 +61,6 @@ __all__ = ["ClusterRuntime", "NodeView", "NodeLost"]
 
 _NODES_FRESH_S = 1.0
 _ANSWER_WITHIN_S = 30.0  # a daemon that hangs: a listing shows its sessions lost
-
-
-class NodeLost(Conflict):
-    """The node holding a session is gone (``forkpoint recover`` revives its sessions)."""
-
-    code = "node_lost"
 
 
 @dataclass(frozen=True)
@@ -172,20 +168,13 @@ class ClusterRuntime:
 
     @contextlib.contextmanager
     def _answer_of(self, node: str, method: str) -> Iterator[None]:
-        """A daemon's ForkpointError as itself; anything else it raised as InternalError;
-        its node gone meanwhile as NodeLost."""
-        import ray
-
+        """:func:`~.connection.daemon_errors`, forgetting the handle of a daemon gone."""
         try:
-            yield
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, ForkpointError):
-                raise error.cause from None
-            raise InternalError(f"node {self._name(node)}: {error.cause!r}") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
-            # Dead, or not restartable: its node is gone (Ray may not have said so yet).
+            with daemon_errors(lambda: self._name(node), method):
+                yield
+        except NodeLost:
             self._daemons.pop(node, None)  # a daemon joined anew is asked for again
-            raise NodeLost(f"node {self._name(node)} went away during {method}") from None
+            raise
 
     def _on(self, session: Session, node: str) -> Session:
         return dataclasses.replace(session, node=self._name(node))

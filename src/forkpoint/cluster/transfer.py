@@ -43,8 +43,7 @@ class NodeObjects:
         while: the lineage is written once). :raises NodeLost: no daemon runs there."""
         import ray
 
-        from forkpoint.cluster.connection import daemon_name
-        from forkpoint.cluster.runtime import NodeLost
+        from forkpoint.cluster.connection import NodeLost, daemon_name
 
         try:
             holder = ray.get_actor(daemon_name(node))
@@ -73,7 +72,7 @@ class NodeObjects:
 
     def get_bytes(self, key: str) -> bytes:
         data = b"".join(self._chunks(key))
-        self._received(key, len(data))
+        self.counter.received(key, len(data))
         return data
 
     def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
@@ -83,7 +82,7 @@ class NodeObjects:
                 size += len(chunk)
                 check_size(key, size, max_bytes)
                 out.write(chunk)
-        self._received(key, size)
+        self.counter.received(key, size)
 
     def _chunks(self, key: str) -> Iterator[bytes]:
         offset = 0
@@ -95,30 +94,18 @@ class NodeObjects:
                 return
             offset += len(chunk)
 
-    def _received(self, key: str, size: int) -> None:
-        self.counter.received_bytes += size
-        self.counter.received_objects += 1
-        self.counter.keys_received.append(key)
-
     def _ask(self, method: str, *args: Any, timeout_s: float = _ANSWER_WITHIN_S) -> Any:
         """The holder's ``method``; its errors as forkpoint's, a silence as one too."""
         import ray
 
-        from forkpoint.cluster.runtime import NodeLost
+        from forkpoint.cluster.connection import daemon_errors
 
         try:
-            answer = getattr(self.holder, method).remote(self.checkpoint, *args)
-            return ray.get(answer, timeout=timeout_s)
+            with daemon_errors(lambda: self.name, f"{method} of {self.checkpoint}"):
+                answer = getattr(self.holder, method).remote(self.checkpoint, *args)
+                return ray.get(answer, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise InternalError(
                 f"node {self.name} did not answer {method} for {self.checkpoint} "
                 f"within {timeout_s:.0f} s"
-            ) from None
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, ForkpointError):
-                raise error.cause from None
-            raise InternalError(f"node {self.name}: {error.cause!r}") from None
-        except ray.exceptions.RayActorError:
-            raise NodeLost(
-                f"node {self.name} went away while {self.checkpoint} was fetched"
             ) from None

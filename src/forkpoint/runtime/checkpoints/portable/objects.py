@@ -57,6 +57,11 @@ class TransferCounter:
     received_objects: int = 0
     keys_received: list[str] = field(default_factory=list)
 
+    def received(self, key: str, size: int) -> None:
+        self.received_bytes += size
+        self.received_objects += 1
+        self.keys_received.append(key)
+
 
 class ObjectStore(Protocol):
     counter: TransferCounter
@@ -194,7 +199,7 @@ class S3Store:
         with _s3_errors(f"GET {key}"):
             answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             data = answer["Body"].read()
-        self._received(key, len(data))
+        self.counter.received(key, len(data))
         return data
 
     def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
@@ -206,7 +211,7 @@ class S3Store:
                     size += len(chunk)
                     check_size(key, size, max_bytes)
                     out.write(chunk)
-        self._received(key, size)
+        self.counter.received(key, size)
 
     def keys(self, under: str) -> list[str]:
         """Every key under ``under`` (relative to this store's prefix)."""
@@ -227,11 +232,6 @@ class S3Store:
         """Remove ``key`` (mutable records only: blobs and manifests are immutable)."""
         with _s3_errors(f"DELETE {key}"):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def _received(self, key: str, size: int) -> None:
-        self.counter.received_bytes += size
-        self.counter.received_objects += 1
-        self.counter.keys_received.append(key)
 
 
 def check_size(key: str, size: int, max_bytes: int | None) -> None:
@@ -372,9 +372,7 @@ class TarReader:
 
     def get_bytes(self, key: str) -> bytes:
         data = self._open(key).read()
-        self.counter.received_bytes += len(data)
-        self.counter.received_objects += 1
-        self.counter.keys_received.append(key)
+        self.counter.received(key, len(data))
         return data
 
     def get_file(self, key: str, dest: Path, max_bytes: int | None = None) -> None:
@@ -385,9 +383,7 @@ class TarReader:
                 size += len(chunk)
                 check_size(key, size, max_bytes)
                 out.write(chunk)
-        self.counter.received_bytes += size
-        self.counter.received_objects += 1
-        self.counter.keys_received.append(key)
+        self.counter.received(key, size)
 
     def close(self) -> None:
         self._tar.close()
