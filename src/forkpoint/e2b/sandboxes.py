@@ -223,10 +223,9 @@ class Sandboxes:
         admission = self.runtime.admission
         on_expiry = Expiry.PAUSE if spec.auto_pause else Expiry.REMOVE
         egress, network = spec.egress, Network.USER
-        filters = spec.egress.no_internet and await asyncio.to_thread(
+        if spec.egress.no_internet and not await asyncio.to_thread(
             lambda: self.runtime.filters_egress  # on a cluster: every node asked
-        )
-        if spec.egress.no_internet and not filters:
+        ):
             network = Network.NONE  # unjailed guests are not filtered: no NIC at all
             egress = Egress()
         if checkpoint is not None and spec.volumes:

@@ -1,7 +1,8 @@
 """Where the gateway keeps its own rows: its sandboxes' (tokens, metadata, template) and
 its template builds'. On one host both are in the runtime's store, a sandbox's row beside
 its session (and gone with it); on a cluster the sandboxes' are in the cluster's store,
-so a sandbox revived on another node keeps them (see ``forkpoint.cluster.doors``)."""
+so a sandbox revived on another node keeps them (``forkpoint.cli.e2b.gateway_tables``
+chooses)."""
 
 from __future__ import annotations
 
